@@ -1,0 +1,3 @@
+from draftheads.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""Self-validating dataclass configs built from plain dicts (YAML).
+
+`build(cls, data, where)` turns a mapping into a dataclass, rejecting unknown keys
+with a "did you mean" suggestion and wrong types with a one-line error; each class
+checks its own values in `__post_init__` with `check(...)`. Fields carry their docs
+in `metadata["doc"]` (see `doc(...)`), so `recipe show` can explain them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any, Literal, Union
+
+from draftheads.errors import DraftheadsError
+
+
+def doc(default: Any, text: str) -> Any:
+    """A dataclass field with a default and a one-line doc; mutable defaults are copied."""
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda d=default: _copy(d), metadata={"doc": text})
+    return dataclasses.field(default=default, metadata={"doc": text})
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value):
+        return dataclasses.replace(value)
+    return value
+
+
+def check(condition: bool, message: str) -> None:
+    """Raise a one-line user error unless `condition` holds."""
+    if not condition:
+        raise DraftheadsError(message)
+
+
+def suggest(name: str, choices: typing.Iterable[str]) -> str:
+    """' (did you mean 'x'?)' when a close match exists, else ''."""
+    match = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+def build(cls: type, data: Any, where: str) -> Any:
+    """Build dataclass `cls` from mapping `data`; `where` names the section in errors."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise DraftheadsError(f"{where}: expected a mapping of keys to values, got {_describe(data)}")
+    names = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    for key in data:
+        if key not in names:
+            allowed = ", ".join(sorted(names))
+            raise DraftheadsError(
+                f"{where}: unknown key '{key}'{suggest(str(key), names)}; allowed keys: {allowed}"
+            )
+    hints = typing.get_type_hints(cls)
+    values = {key: convert(value, hints[key], f"{where}.{key}") for key, value in data.items()}
+    try:
+        return cls(**values)
+    except TypeError as e:  # a required field is missing
+        missing = [n for n, f in names.items() if n not in values and _required(f)]
+        raise DraftheadsError(f"{where}: missing required key(s) {', '.join(missing)}") from e
+
+
+def _required(f: dataclasses.Field) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def convert(value: Any, hint: Any, where: str) -> Any:
+    """Check `value` against the type `hint`, converting where lossless (int -> float)."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return convert(value, option, where)
+            except DraftheadsError as e:
+                errors.append(str(e))
+        raise DraftheadsError(errors[0] if len(errors) == 1 else f"{where}: {_describe(value)} fits none of {_name(hint)}")
+    if origin is Literal:
+        if value in args:
+            return value
+        options = ", ".join(repr(a) for a in args)
+        raise DraftheadsError(f"{where}: {value!r} is not one of {options}{suggest(str(value), map(str, args))}")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise DraftheadsError(f"{where}: expected a list, got {_describe(value)}")
+        item = args[0] if args else Any
+        return [convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise DraftheadsError(f"{where}: expected a mapping, got {_describe(value)}")
+        return {str(k): convert(v, args[1] if args else Any, f"{where}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(hint):
+        return value if isinstance(value, hint) else build(hint, value, where)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is float and isinstance(value, str):  # YAML reads 3e-4 (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if isinstance(hint, type) and isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
+        return value
+    raise DraftheadsError(f"{where}: expected {_name(hint)}, got {_describe(value)}")
+
+
+def _name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}" if not isinstance(value, (dict, list)) else type(value).__name__
+
+
+def to_dict(obj: Any) -> Any:
+    """A dataclass (nested) as plain YAML-friendly data."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj

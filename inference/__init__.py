@@ -1,0 +1,1 @@
+"""Trees, verification, acceptance rules, the generation loop, evaluation."""

@@ -1,0 +1,72 @@
+"""The one small interface between drafters and the generation loop (a Protocol, not a base class).
+
+The loop keeps the target's KV cache holding every committed token except the newest one,
+the *pending* token (sampled from the target but not yet fed to it). Each step:
+
+    proposal = drafter.propose(tree, temperature=..., top_k=..., top_p=..., generator=...)
+    # proposal.tokens[:, 0] is the pending token (the root); nodes 1.. are drafts
+    verify with one target forward over proposal.tokens, accept a path, sample the next pending token
+    drafter.observe(features_of_committed_nodes, next_tokens)
+
+`observe` receives, for the n positions newly committed to the target's cache, the target's
+features there [b, n, F] (the hidden states listed in `feature_layers`, concatenated on the last
+axis) and the token that follows each position [b, n] (the last of which is the new pending
+token). After the prompt's prefill that is every prompt position. A drafter with its own KV
+cache (EAGLE, MTP) drops whatever it cached while drafting before taking the new positions in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from draftheads.inference.tree import DynamicTreeSpec, Tree
+
+
+@dataclass
+class Proposal:
+    """Candidate tokens arranged as a tree rooted at the pending token.
+
+    tree:   the shape (static as given, or built by the drafter for a dynamic spec)
+    tokens: [b, N] token at each node; column 0 is the root (pending token)
+    q:      [b, N, V] the draft distribution each node's children were drawn from, when they were
+            sampled without replacement from it (in rank order); None when children are the
+            deterministic top-k of the draft (the acceptance rules handle both exactly)
+    """
+
+    tree: Tree
+    tokens: torch.Tensor
+    q: torch.Tensor | None = None
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    # Indices into the target's `hidden_states` tuple the drafter reads; -1 is the last one
+    # (after the final norm, the lm_head input). Concatenated in this order.
+    feature_layers: tuple[int, ...]
+
+    def reset(self) -> None:
+        """Forget all state (a new prompt follows)."""
+
+    def observe(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        """Take in newly committed positions: features [b, n, F], following tokens [b, n]."""
+
+    def propose(
+        self,
+        tree: Tree | DynamicTreeSpec,
+        *,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> Proposal:
+        """Draft a tree rooted at the pending token (the last `next_tokens` observed).
+
+        With a generator and temperature > 0 children may be sampled without replacement from the
+        warped draft distribution (return it in `q`); otherwise take the top-k.
+        """
+
+    def default_tree(self) -> Tree | DynamicTreeSpec:
+        """The tree used when the caller gives none."""

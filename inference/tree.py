@@ -1,0 +1,147 @@
+"""Draft trees: index paths -> parents, depths, attention mask, position ids.
+
+A tree is given by index paths, the form Medusa and EAGLE use: (0,) is the top-1 child of
+the root, (0, 1) the top-2 child of that node, and so on. Node 0 is always the root (the
+pending token the target has not seen yet); drafted nodes are 1..n, ordered by depth then
+path. A chain of K drafts is the tree [(0,), (0, 0), ...]: same code path everywhere.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import torch
+
+Path = tuple[int, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Tree:
+    """An immutable tree shape. Node 0 is the root; `paths[i]` is node i+1's index path."""
+
+    paths: tuple[Path, ...]
+    parents: tuple[int, ...] = field(init=False)   # parents[i] = parent of node i (root: -1)
+    depths: tuple[int, ...] = field(init=False)    # depths[i] = depth of node i (root: 0)
+    ranks: tuple[int, ...] = field(init=False)     # ranks[i] = sibling rank of node i (root: 0)
+    children: tuple[tuple[int, ...], ...] = field(init=False)  # children of each node, by rank
+
+    def __post_init__(self):
+        index = {(): 0}
+        parents, depths, ranks = [-1], [0], [0]
+        for i, path in enumerate(self.paths, start=1):
+            if path[:-1] not in index:
+                raise ValueError(f"tree path {path} has no parent path {path[:-1]} in the tree")
+            index[path] = i
+            parents.append(index[path[:-1]])
+            depths.append(len(path))
+            ranks.append(path[-1])
+        children = [[] for _ in parents]
+        for node in range(1, len(parents)):
+            children[parents[node]].append(node)
+        for kids in children:
+            kids.sort(key=lambda n: ranks[n])
+        object.__setattr__(self, "parents", tuple(parents))
+        object.__setattr__(self, "depths", tuple(depths))
+        object.__setattr__(self, "ranks", tuple(ranks))
+        object.__setattr__(self, "children", tuple(tuple(c) for c in children))
+
+    @classmethod
+    def from_paths(cls, paths) -> "Tree":
+        clean = sorted({tuple(int(i) for i in p) for p in paths}, key=lambda p: (len(p), p))
+        if any(len(p) == 0 or min(p) < 0 for p in clean):
+            raise ValueError("tree paths must be non-empty tuples of non-negative ranks")
+        return cls(tuple(clean))
+
+    @classmethod
+    def chain(cls, k: int) -> "Tree":
+        return cls.from_paths([(0,) * d for d in range(1, k + 1)])
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes including the root."""
+        return len(self.parents)
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths)
+
+    @property
+    def is_chain(self) -> bool:
+        return all(len(c) <= 1 for c in self.children)
+
+    def ancestors(self, node: int) -> list[int]:
+        """Root-to-node list of node indices, node included."""
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+    @functools.cached_property
+    def ancestor_matrix(self) -> torch.Tensor:
+        """[N, N] bool: row i sees column j iff j is i or an ancestor of i."""
+        m = torch.zeros(self.num_nodes, self.num_nodes, dtype=torch.bool)
+        for i in range(self.num_nodes):
+            m[i, self.ancestors(i)] = True
+        return m
+
+    @functools.cached_property
+    def depth_tensor(self) -> torch.Tensor:
+        return torch.tensor(self.depths, dtype=torch.long)
+
+    @functools.cached_property
+    def leaves(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.num_nodes) if not self.children[i])
+
+    @functools.cached_property
+    def retrieve_indices(self) -> torch.Tensor:
+        """[num_leaves, max_depth + 1] node indices of each root-to-leaf path, padded with -1."""
+        out = torch.full((len(self.leaves), self.max_depth + 1), -1, dtype=torch.long)
+        for row, leaf in enumerate(self.leaves):
+            path = self.ancestors(leaf)
+            out[row, : len(path)] = torch.tensor(path)
+        return out
+
+    def attention_mask(self, prefix_len: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+        """[1, 1, N, prefix_len + N] additive mask: 0 where visible, dtype-min elsewhere.
+
+        Every node sees the whole prefix (the KV cache) and its own ancestors.
+        """
+        visible = torch.cat([torch.ones(self.num_nodes, prefix_len, dtype=torch.bool), self.ancestor_matrix], dim=1)
+        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
+        return mask[None, None].to(device)
+
+    def position_ids(self, prefix_len: int, device=None) -> torch.Tensor:
+        """[1, N] positions prefix_len + depth."""
+        return (self.depth_tensor + prefix_len)[None].to(device)
+
+
+def parse_tree(spec) -> "Tree | DynamicTreeSpec | None":
+    """A tree from what users write: None, a Tree, 'chain:K', 'dynamic:TOPK,DEPTH,TOTAL', or index paths."""
+    if spec is None or isinstance(spec, (Tree, DynamicTreeSpec)):
+        return spec
+    if isinstance(spec, str):
+        kind, _, args = spec.partition(":")
+        if kind == "chain" and args.strip().isdigit() and int(args) > 0:
+            return Tree.chain(int(args))
+        if kind == "dynamic":
+            parts = args.split(",")
+            if len(parts) == 3 and all(p.strip().isdigit() and int(p) > 0 for p in parts):
+                return DynamicTreeSpec(*(int(p) for p in parts))
+        if kind == "static":
+            import ast
+
+            return Tree.from_paths(ast.literal_eval(args))
+        raise ValueError(f"unknown tree spec '{spec}'; use chain:K, dynamic:TOPK,DEPTH,TOTAL or static:[(0,), (0, 0), ...]")
+    return Tree.from_paths(spec)
+
+
+@dataclass(frozen=True)
+class DynamicTreeSpec:
+    """EAGLE-2 dynamic tree: expand the top_k children of the best nodes for `depth` levels by
+    cumulative draft log-probability, then keep the best `total_tokens` nodes."""
+
+    top_k: int
+    depth: int
+    total_tokens: int

@@ -1,0 +1,36 @@
+import pytest
+import torch
+
+from tests.fixtures import FAMILIES, make_target, make_tokenizer
+
+torch.set_num_threads(max(1, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return make_tokenizer("chatml")
+
+
+@pytest.fixture(scope="session", params=FAMILIES)
+def family(request):
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def tiny_target(family, tokenizer):
+    """A frozen tiny random target of each family (shared: tests must not modify it)."""
+    return make_target(family, tokenizer)
+
+
+@pytest.fixture(scope="session")
+def llama_target(tokenizer):
+    return make_target("llama", tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory, tokenizer):
+    """A tiny llama target and its tokenizer saved as a Hugging Face folder."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    make_target("llama", tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -1,0 +1,1 @@
+"""Target loading, target-generated data, the Accelerate training loop, losses, checkpoints."""

@@ -1,0 +1,106 @@
+"""Load the frozen target: a hub id, a local folder, a .gguf file, or an embedded alias."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from draftheads.errors import DraftheadsError
+from draftheads.training.embedded import ALIASES, embedded_checkpoint
+from draftheads.training.hardware import resolve_device, resolve_dtype
+
+
+def locate(spec: str) -> tuple[str, dict]:
+    """(path or hub id for from_pretrained, extra kwargs) for a target spec."""
+    if spec in ALIASES:
+        return str(embedded_checkpoint(spec)), {}
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise DraftheadsError(f"GGUF file '{spec}' not found; check the path")
+        return str(path.parent), {"gguf_file": path.name}
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise DraftheadsError(f"'{spec}' is a folder without config.json; point target.name at a Hugging Face model folder")
+        return str(path), {}
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise DraftheadsError(f"target '{spec}' does not exist; give an existing folder, a .gguf file, a hub id or 'smollm2-135m'")
+    return spec, {}
+
+
+def load_target_config(spec: str, revision: str | None = None, trust_remote_code: bool = False):
+    """The target's transformers config, without loading weights."""
+    from transformers import AutoConfig
+
+    where, extra = locate(spec)
+    return _from_hub(AutoConfig.from_pretrained, spec, where, revision=revision, trust_remote_code=trust_remote_code, **extra)
+
+
+def load_target(
+    spec: str = "smollm2-135m",
+    *,
+    dtype: str | torch.dtype = "auto",
+    device: str = "auto",
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    chat_template: str | None = None,
+    attn_implementation: str = "sdpa",
+):
+    """Load a causal LM frozen and in eval mode, with a tokenizer that has a chat template.
+
+    Returns (model, tokenizer). `dtype='auto'` is bf16 where the hardware has native bf16
+    (GPUs; CPUs with AVX512-BF16/AMX), fp32 otherwise.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    where, extra = locate(spec)
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    common = dict(revision=revision, trust_remote_code=trust_remote_code, **extra)
+    tokenizer = _from_hub(AutoTokenizer.from_pretrained, spec, where, **common)
+    attach_chat_template(tokenizer, chat_template, spec)
+    model = _from_hub(
+        AutoModelForCausalLM.from_pretrained, spec, where, dtype=torch_dtype, attn_implementation=attn_implementation, **common
+    )
+    model.to(torch_device)
+    freeze(model)
+    model.name_or_path = spec
+    return model, tokenizer
+
+
+def freeze(model: torch.nn.Module) -> torch.nn.Module:
+    """Targets are never trained by the drafter's loss: no grads, eval mode."""
+    model.requires_grad_(False)
+    model.eval()
+    return model
+
+
+def attach_chat_template(tokenizer, chat_template: str | None, spec: str = "the target") -> None:
+    """Use the recipe's template if given (text or a file path); require one in the end."""
+    if chat_template:
+        path = Path(chat_template).expanduser()
+        is_file = len(chat_template) < 4096 and "{" not in chat_template and path.is_file()
+        tokenizer.chat_template = path.read_text() if is_file else chat_template
+    if not getattr(tokenizer, "chat_template", None):
+        raise DraftheadsError(
+            f"the tokenizer of {spec} has no chat template; set target.chat_template to a Jinja template or a .jinja file"
+        )
+
+
+def _from_hub(loader, spec: str, where: str, **kwargs):
+    """Call a from_pretrained, turning download/lookup failures into one-line errors."""
+    try:
+        return loader(where, **kwargs)
+    except (OSError, ValueError) as e:
+        if "trust_remote_code" in str(e):
+            raise DraftheadsError(f"{spec} needs custom code; set target.trust_remote_code=true if you trust it") from None
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        hint = "pass a local model folder or .gguf file" + (" (HF_HUB_OFFLINE=1 is set)" if offline else "")
+        raise DraftheadsError(f"could not load '{spec}': {_first_line(e)}; {hint}") from None
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__
