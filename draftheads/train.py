@@ -1,0 +1,15 @@
+"""`python -m draftheads.train RECIPE [key=value ...]`, also under `accelerate launch -m`."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from draftheads.cli import main as cli_main
+
+    return cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

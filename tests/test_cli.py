@@ -1,0 +1,72 @@
+"""The command line: one-line errors with no traceback, non-zero exits, `recipe show`."""
+
+import subprocess
+import sys
+
+import pytest
+
+from draftheads.cli import main
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "draftheads", *args], capture_output=True, text=True, timeout=300)
+
+
+def assert_one_line_error(result, expected):
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert lines[-1].startswith("error: ") and expected in lines[-1], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_recipe_value_from_a_real_process_has_no_traceback():
+    assert_one_line_error(run_cli("recipe", "show", "eagle-smollm2", "train.lr=-3", "--no-target"), "train.lr must be positive")
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["recipe", "show", "nope"], "unknown recipe 'nope'"),
+        (["recipe", "show", "medusa-smollm2", "head.num_heads=0", "--no-target"], "head.num_heads"),
+        (["recipe", "show", "medusa-smollm2", "target.name=/does/not/exist"], "does not exist"),
+        (["recipe", "show", "medusa-smollm2", "target.name=/tmp/missing-model.gguf"], "GGUF file"),
+    ],
+)
+def test_bad_inputs_exit_2_with_one_line(args, expected, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and expected in err and "\n" not in err
+
+
+def test_folder_without_config_json(tmp_path, capsys):
+    assert main(["recipe", "show", "medusa-smollm2", f"target.name={tmp_path}"]) == 2
+    assert "without config.json" in capsys.readouterr().err
+
+
+def test_unreachable_hub_id_offline(monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["recipe", "show", "medusa-smollm2", "target.name=no-such-org/no-such-model"]) == 2
+    err = capsys.readouterr().err
+    assert "could not load 'no-such-org/no-such-model'" in err and "local model folder" in err
+
+
+def test_recipe_show_derives_sizes_from_the_target(tiny_target_dir, capsys):
+    assert main(["recipe", "show", "eagle3-llama3.1-8b", f"target.name={tiny_target_dir}", "head.draft_vocab_size=200"]) == 0
+    out = capsys.readouterr().out
+    assert "hidden_size: 64" in out and "num_layers: 4" in out and "vocab_size: 384" in out
+    assert "feature_layers: [0, 2, 3]" in out  # derived for a 4-layer target
+
+
+def test_recipe_list_names_every_bundled_recipe(capsys):
+    assert main(["recipe", "list"]) == 0
+    assert "eagle-smollm2" in capsys.readouterr().out
+
+
+def test_train_entry_points_reach_the_same_function():
+    import draftheads.cli
+    import draftheads.train
+
+    assert draftheads.train.main.__module__ == "draftheads.train"
+    parser = draftheads.cli.build_parser()
+    args = parser.parse_args(["train", "eagle-smollm2", "train.lr=1e-4"])
+    assert args.handler is draftheads.cli.cmd_train and args.overrides == ["train.lr=1e-4"]

@@ -1,0 +1,100 @@
+"""Recipes: every bundled one validates; bad values give one-line errors."""
+
+import pytest
+
+from draftheads.errors import DraftheadsError
+from draftheads.recipe import bundled_recipes, load_recipe, recipe_from_dict
+from tests.fixtures import make_config
+
+
+@pytest.mark.parametrize("name", bundled_recipes())
+def test_every_bundled_recipe_loads_and_validates(name):
+    recipe = load_recipe(name)
+    assert recipe.name == name
+    assert recipe.head.type in ("medusa", "eagle", "mtp")
+    # the header comment gives the launch command
+    from draftheads.recipe import read_recipe_text
+
+    text, _ = read_recipe_text(name)
+    assert text.startswith("#") and ("draftheads train" in text or "-m draftheads.train" in text)
+
+
+def test_bundled_set_covers_every_head_type_for_smollm2_and_full_size():
+    names = set(bundled_recipes())
+    assert {"medusa-smollm2", "eagle-smollm2", "mtp-smollm2"} <= names
+    full = [load_recipe(n) for n in names if "smollm2" not in n]
+    assert {r.head.type for r in full} == {"medusa", "eagle", "mtp"}
+    assert any(r.head.type == "eagle" and r.head.eagle3 for r in full)
+
+
+def test_overrides_are_parsed_as_yaml_and_nested():
+    recipe = load_recipe("medusa-smollm2", ["train.lr=2e-4", "head.num_heads=3", "log.trackers=[wandb]"])
+    assert recipe.train.lr == pytest.approx(2e-4)
+    assert recipe.head.num_heads == 3
+    assert recipe.log.trackers == ["wandb"]
+
+
+def test_resolve_derives_sizes_and_eagle3_layers():
+    recipe = load_recipe("eagle3-llama3.1-8b", ["head.draft_vocab_size=null"])
+    recipe.resolve(make_config("llama", 1000, num_hidden_layers=32))
+    assert recipe.derived["hidden_size"] == 64 and recipe.derived["vocab_size"] == 1000
+    assert recipe.derived["num_layers"] == 32
+    assert recipe.head.feature_layers == [2, 16, 29]
+    assert recipe.head.draft_vocab_size == 1000  # capped by the target's vocabulary
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["train.lrr=1"], "did you mean 'lr'"),
+        (["trian.lr=1"], "did you mean 'train'"),
+        (["train.lr=-1"], "train.lr must be positive"),
+        (["head.num_heads=0"], "head.num_heads must be between 1 and"),
+        (["head.type=medusaa"], "did you mean 'medusa'"),
+        (["train.batch_size=abc"], "train.batch_size: expected int"),
+        (["train.batch_size=true"], "train.batch_size: expected int"),
+        (["train.schedule=cosin"], "did you mean 'cosine'"),
+        (["log.trackers=[wandbb]"], "unknown tracker 'wandbb'"),
+        (["eval.accept=[strictt]"], "unknown rule 'strictt'"),
+        (["data.prompts=[]"], "data.prompts is empty"),
+        (["train.lr"], "must look like section.key=value"),
+        (["data.top_p=1.5"], "data.top_p must be in (0, 1]"),
+        (["target.device=tpu"], "target.device 'tpu'"),
+    ],
+)
+def test_bad_values_give_one_line_errors(overrides, expected):
+    with pytest.raises(DraftheadsError) as info:
+        load_recipe("medusa-smollm2", overrides)
+    message = str(info.value)
+    assert expected in message and "\n" not in message
+
+
+def test_depth_beyond_what_the_head_supports():
+    with pytest.raises(DraftheadsError, match="head.depth must be between 1 and 8"):
+        load_recipe("mtp-smollm2", ["head.depth=9"])
+    with pytest.raises(DraftheadsError, match="head.ttt_steps"):
+        load_recipe("eagle-smollm2", ["head.ttt_steps=99"])
+
+
+def test_eagle3_layer_that_the_target_lacks():
+    recipe = load_recipe("eagle3-llama3.1-8b", ["head.feature_layers=[1,2,40]"])
+    with pytest.raises(DraftheadsError, match="layer 40 does not exist"):
+        recipe.resolve(make_config("llama", 1000, num_hidden_layers=32))
+
+
+def test_missing_head_type_and_non_mapping_sections():
+    with pytest.raises(DraftheadsError, match="missing 'type'"):
+        recipe_from_dict({"head": {"num_heads": 2}})
+    with pytest.raises(DraftheadsError, match="train: expected a mapping"):
+        recipe_from_dict({"head": {"type": "medusa"}, "train": [1, 2]})
+
+
+def test_unknown_recipe_and_bad_files(tmp_path):
+    with pytest.raises(DraftheadsError, match="did you mean 'eagle-smollm2'"):
+        load_recipe("eagle-smolm2")
+    with pytest.raises(DraftheadsError, match="not found"):
+        load_recipe(str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("target: [unclosed\n")
+    with pytest.raises(DraftheadsError, match="not valid YAML at line"):
+        load_recipe(str(bad))
