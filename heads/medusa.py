@@ -3,6 +3,8 @@ with Multiple Decoding Heads".
 
 h_t [b, s, H] (target's last hidden state, after its final norm)
   -> head k: num_layers residual blocks y + SiLU(W y + b) -> lm head -> logits for x_{t+k+1}
+
+Medusa-2 (joint LoRA training of the target) lives in heads/medusa2.py.
 """
 
 from __future__ import annotations
@@ -10,7 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
+from torch import nn
+
 from draftheads.config import check, doc
+from draftheads.errors import DraftheadsError
+from draftheads.heads import medusa2
+from draftheads.heads.common import DepthMetrics, batch_features, bind_frozen, masked_ce, mean_loss, target_dims
+from draftheads.inference.drafter import Proposal
+from draftheads.inference.sampling import pick_children, warp_probs
+from draftheads.inference.tree import DynamicTreeSpec, Tree
 
 MAX_HEADS = 10
 
@@ -47,3 +58,194 @@ class MedusaConfig:
     def depth(self) -> int:
         """How many tokens past the target's own next token this drafter can propose."""
         return self.num_heads
+
+
+# A static Medusa-style tree (48 drafts, depth <= 5), chosen greedily by expected accepted length
+# under assumed per-depth, per-rank hit rates (head 1 top-1 0.60, head 2 0.42, head 3 0.32, ...;
+# rank r+1 much rarer than rank r). Replace it with a tree fitted to a trained drafter's measured
+# accuracies when they are known. Paths deeper than num_heads are dropped.
+DEFAULT_TREE_PATHS = (
+    (0,), (1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,), (9,),
+    (0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (0, 6), (0, 7), (1, 0), (1, 1), (1, 2), (2, 0), (2, 1),
+    (3, 0), (4, 0), (5, 0), (6, 0), (7, 0),
+    (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 0, 3), (0, 0, 4), (0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 3, 0),
+    (1, 0, 0), (1, 0, 1), (1, 1, 0), (2, 0, 0), (3, 0, 0),
+    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 1, 0, 0), (1, 0, 0, 0),
+    (0, 0, 0, 0, 0),
+)
+
+
+class ResidualBlock(nn.Module):
+    """y + SiLU(W y + b), W and b zero: a new block is the identity."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        return y + nn.functional.silu(self.linear(y))
+
+
+class MedusaDrafter(nn.Module):
+    """K Medusa heads over the target's last hidden state; head k (1-based) predicts x_{t+k+1}.
+
+    Parameters: heads.{k}.{i}.linear (K x num_layers distinct blocks) and, with lm_head 'own',
+    lm_heads.{k} (copied from the target's lm_head at bind). With lm_head 'shared' the target's
+    frozen lm_head is bound, not registered. With medusa2 the target itself (LoRA-adapted) is
+    registered as `target` so its adapter trains and syncs with the heads; see heads/medusa2.py.
+    """
+
+    feature_layers = (-1,)
+
+    def __init__(self, config: MedusaConfig, hidden_size: int, vocab_size: int):
+        super().__init__()
+        self.config = config
+        self.heads = nn.ModuleList(
+            [nn.Sequential(*[ResidualBlock(hidden_size) for _ in range(config.num_layers)]) for _ in range(config.num_heads)]
+        )
+        if config.lm_head == "own":
+            self.lm_heads = nn.ModuleList([nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(config.num_heads)])
+            # False until bind() copies the target's lm_head in; a loaded drafter carries True.
+            self.register_buffer("lm_heads_initialised", torch.tensor(False))
+        bind_frozen(self, _lm_head=None, _feature=None, _pending=None)
+        self.needs_target_grad = config.medusa2
+        self.unsaved_prefixes = ("target.",) if config.medusa2 else ()
+
+    @classmethod
+    def from_target(cls, target_config, cfg: MedusaConfig) -> "MedusaDrafter":
+        dims = target_dims(target_config)
+        return cls(cfg, dims.hidden_size, dims.vocab_size)
+
+    def bind(self, target) -> "MedusaDrafter":
+        """Attach the target's frozen lm_head (and, for Medusa-2, wrap the target with LoRA)."""
+        if self.config.medusa2:
+            self.target = medusa2.attach_lora(target, self.config)
+            target = self.target.get_base_model()
+        lm_head = target.get_output_embeddings()
+        bind_frozen(self, _lm_head=lm_head)
+        if self.config.lm_head == "own" and not bool(self.lm_heads_initialised):
+            with torch.no_grad():
+                for head in self.lm_heads:
+                    head.weight.copy_(lm_head.weight)
+                self.lm_heads_initialised.fill_(True)
+        return self
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.heads[0][0].linear.weight.dtype
+
+    def head_logits(self, k: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Head k (0-based: predicts x_{t+k+2}) on hidden [..., H] -> logits [..., V]."""
+        if self._lm_head is None:
+            raise DraftheadsError("the Medusa drafter is not bound to a target; call drafter.bind(target) first")
+        y = self.heads[k](hidden)
+        return self.lm_heads[k](y) if self.config.lm_head == "own" else self._lm_head(y)
+
+    # ---- training ----------------------------------------------------------------------------
+
+    def training_loss(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        """sum_k decay^(k-1) CE_k over counted positions; batch as in heads/__init__.py.
+
+        Medusa-2 runs the LoRA-adapted target itself (no "features" needed) and adds its LM loss.
+        """
+        if self.config.medusa2:
+            return medusa2.training_loss(self, batch)
+        return self.heads_loss(batch_features(batch, self.dtype), batch)
+
+    def heads_loss(self, hidden: torch.Tensor, batch: dict) -> tuple[torch.Tensor, dict]:
+        """hidden [b, s, H] -> (weighted loss, per-head metrics). Head k predicts shift k + 2."""
+        metrics = DepthMetrics(self.config.num_heads, hidden.device)
+        loss = hidden.new_zeros((), dtype=torch.float32)
+        for k in range(self.config.num_heads):
+            loss_sum, correct, total = masked_ce(hidden, batch, k + 2, lambda rows, k=k: self.head_logits(k, rows))
+            metrics.add(k, loss_sum, correct, total)
+            loss = loss + self.config.loss_decay**k * mean_loss(loss_sum, total)
+        return loss, metrics.as_dict()
+
+    def param_groups(self, base_lr: float) -> list[dict]:
+        """Optimizer groups: the heads at head_lr (Medusa-2 default 4x base_lr), LoRA at base_lr."""
+        heads = [p for n, p in self.named_parameters() if p.requires_grad and not n.startswith("target.")]
+        default = 4 * base_lr if self.config.medusa2 else base_lr
+        groups = [{"params": heads, "lr": self.config.head_lr or default}]
+        if self.config.medusa2:
+            groups.append({"params": medusa2.lora_parameters(self), "lr": base_lr})
+        return groups
+
+    def save_adapter(self, folder) -> None:
+        """Medusa-2: write the LoRA adapter in PEFT format (adapter_config.json + adapter_model.safetensors)."""
+        medusa2.save_adapter(self, folder)
+
+    def load_adapter(self, folder) -> None:
+        medusa2.load_adapter(self, folder)
+
+    def adapted_target(self):
+        """Medusa-2: the LoRA-adapted target (a peft model). The heads were trained on its features,
+        so evaluation must run this model as the target; `with m.disable_adapter():` gives the original."""
+        return medusa2.adapted_target(self)
+
+    # ---- drafting (draftheads.inference.drafter.Drafter) ---------------------------------------
+
+    def reset(self) -> None:
+        bind_frozen(self, _feature=None, _pending=None)
+
+    def observe(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        """Keep only the newest position: Medusa heads read h_t alone. features [b, n, H], next_tokens [b, n]."""
+        bind_frozen(self, _feature=features[:, -1].to(self.dtype), _pending=next_tokens[:, -1])
+
+    def default_tree(self) -> Tree:
+        return Tree.from_paths([p for p in DEFAULT_TREE_PATHS if len(p) <= self.config.num_heads])
+
+    @torch.no_grad()
+    def propose(self, tree, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, generator=None) -> Proposal:
+        """Fill a static tree: a node at depth d with rank r gets head d's r-th token.
+
+        Every node of a depth shares head d's distribution (Medusa's Cartesian-product tree), so
+        each head runs once per step. With a generator and temperature > 0 the r-th token is the
+        r-th draw without replacement from the warped q_d (returned per node in `q`); otherwise
+        the r-th best by logit. If q_d has fewer tokens than the tree's width at depth d (top-k /
+        top-p truncation), the nodes that cannot be filled are pruned from the returned tree.
+        """
+        tree = self._check_tree(tree)
+        if self._feature is None:
+            raise DraftheadsError("Medusa propose() called before observe(); feed the prompt's features first")
+        depth = tree.max_depth
+        logits = torch.stack([self.head_logits(k, self._feature) for k in range(depth)], dim=1)  # [b, D, V]
+        sampled = generator is not None and temperature > 0
+        widths = [1 + max(r for r, d in zip(tree.ranks, tree.depths) if d == level) for level in range(1, depth + 1)]
+        if sampled:
+            q = warp_probs(logits, temperature, top_k, top_p)
+            picks = [pick_children(q[:, d], widths[d], generator) for d in range(depth)]
+            tree = _prune(tree, [p.shape[1] for p in picks])
+        else:
+            picks = [torch.topk(logits[:, d], widths[d], dim=-1).indices for d in range(depth)]
+        tokens = self._fill(tree, picks)
+        if not sampled:
+            return Proposal(tree, tokens)
+        # node i's children are drawn from q of depth(i) + 1; the deepest nodes have no children
+        q_by_depth = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)  # [b, D + 1, V]
+        return Proposal(tree, tokens, q_by_depth[:, tree.depth_tensor.to(q.device)])
+
+    def _check_tree(self, tree) -> Tree:
+        if isinstance(tree, DynamicTreeSpec):
+            raise DraftheadsError("Medusa heads cannot build dynamic trees; give a static tree (e.g. chain:K or index paths)")
+        if tree.max_depth > self.config.num_heads:
+            raise DraftheadsError(
+                f"tree depth {tree.max_depth} exceeds the drafter's {self.config.num_heads} Medusa heads; use a shallower tree"
+            )
+        return tree
+
+    def _fill(self, tree: Tree, picks: list[torch.Tensor]) -> torch.Tensor:
+        """tokens [b, N]: root = pending token, node i = picks[depth_i - 1][:, rank_i]."""
+        width = max(p.shape[1] for p in picks)
+        padded = torch.stack([nn.functional.pad(p, (0, width - p.shape[1])) for p in picks], dim=1)  # [b, D, W]
+        depths = torch.tensor(tree.depths[1:], device=padded.device) - 1
+        ranks = torch.tensor(tree.ranks[1:], device=padded.device)
+        return torch.cat([self._pending[:, None].to(padded.device), padded[:, depths, ranks]], dim=1)
+
+
+def _prune(tree: Tree, available: list[int]) -> Tree:
+    """Drop nodes whose rank at some depth exceeds the tokens drawn there (and their subtrees)."""
+    keep = [p for p in tree.paths if all(r < available[d] for d, r in enumerate(p))]
+    return tree if len(keep) == len(tree.paths) else Tree.from_paths(keep)

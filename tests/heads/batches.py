@@ -1,0 +1,46 @@
+"""Training batches and drafting inputs for head tests, built from a tiny target."""
+
+from __future__ import annotations
+
+import torch
+
+PROMPT = 4  # the first PROMPT tokens of every row are "prompt": loss_mask 0
+
+
+def make_batch(target, feature_layers, b: int = 2, s: int = 16, seed: int = 0, pad: int = 3) -> dict:
+    """A right-padded batch: row 1 has `pad` padding tokens; the first PROMPT tokens are not counted.
+
+    features [b, s, F] are the target's hidden states at `feature_layers`, concatenated.
+    """
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, target.config.vocab_size, (b, s), generator=g)
+    attention = torch.ones(b, s, dtype=torch.long)
+    if pad and b > 1:
+        attention[1, s - pad:] = 0
+    loss_mask = attention.clone()
+    loss_mask[:, :PROMPT] = 0
+    return {
+        "input_ids": ids,
+        "attention_mask": attention,
+        "loss_mask": loss_mask,
+        "features": target_features(target, ids, attention, feature_layers),
+    }
+
+
+@torch.no_grad()
+def target_features(target, ids: torch.Tensor, attention: torch.Tensor | None, feature_layers) -> torch.Tensor:
+    hidden = target(ids, attention_mask=attention, output_hidden_states=True).hidden_states
+    return torch.cat([hidden[i] for i in feature_layers], dim=-1)
+
+
+def perturb(drafter: torch.nn.Module, seed: int = 1, scale: float = 0.05) -> None:
+    """Move every floating parameter away from its (often zero) init, so tests see real weights."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            if p.is_floating_point() and p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=g).to(p.dtype) * scale)
+
+
+def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}

@@ -1,0 +1,177 @@
+"""Medusa heads: zero init, distinct blocks, the loss against a hand computation, tree filling."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import draftheads
+from draftheads.errors import DraftheadsError
+from draftheads.inference.sampling import warp_probs
+from draftheads.inference.tree import DynamicTreeSpec, Tree
+from tests.heads.batches import make_batch, perturb, target_features
+
+
+@pytest.mark.parametrize("lm_head", ["shared", "own"])
+def test_untrained_heads_reproduce_the_targets_next_token_logits(tiny_target, lm_head):
+    drafter = draftheads.build_drafter("medusa", tiny_target, num_heads=3, num_layers=2, lm_head=lm_head)
+    ids = torch.randint(0, tiny_target.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = tiny_target(ids, output_hidden_states=True)
+        for k in range(3):
+            torch.testing.assert_close(drafter.head_logits(k, out.hidden_states[-1]), out.logits, rtol=0, atol=1e-5)
+
+
+def test_blocks_are_distinct_modules_with_their_own_weights(llama_target):
+    drafter = draftheads.build_drafter("medusa", llama_target, num_heads=3, num_layers=2)
+    blocks = [block.linear for head in drafter.heads for block in head]
+    assert len({id(b.weight) for b in blocks}) == 6
+    hidden = llama_target.config.hidden_size
+    assert sum(p.numel() for p in drafter.parameters()) == 6 * (hidden * hidden + hidden)
+    with torch.no_grad():
+        assert all(not b.weight.any() and not b.bias.any() for b in blocks)
+        blocks[0].weight.fill_(1.0)
+        assert all(not b.weight.any() for b in blocks[1:])
+
+
+def _hand_loss(drafter, batch):
+    """The Medusa loss computed position by position."""
+    k_heads, decay = drafter.config.num_heads, drafter.config.loss_decay
+    ids, att, lm, feats = batch["input_ids"], batch["attention_mask"], batch["loss_mask"], batch["features"]
+    sums, correct, total = torch.zeros(k_heads), torch.zeros(k_heads, dtype=torch.long), torch.zeros(k_heads, dtype=torch.long)
+    for k in range(k_heads):
+        shift = k + 2  # head 1 predicts x_{t+2}
+        for b in range(ids.shape[0]):
+            for t in range(ids.shape[1] - shift):
+                if att[b, t] and att[b, t + shift] and lm[b, t + shift]:
+                    logits = drafter.head_logits(k, feats[b, t])
+                    sums[k] += F.cross_entropy(logits[None], ids[b, t + shift][None])
+                    correct[k] += int(logits.argmax() == ids[b, t + shift])
+                    total[k] += 1
+    loss = sum(decay**k * sums[k] / total[k] for k in range(k_heads))
+    return loss, sums, correct, total
+
+
+@pytest.mark.parametrize("lm_head", ["shared", "own"])
+def test_training_loss_matches_a_hand_computation(llama_target, lm_head):
+    drafter = draftheads.build_drafter("medusa", llama_target, num_heads=3, lm_head=lm_head, loss_decay=0.7)
+    perturb(drafter, scale=0.3)
+    batch = make_batch(llama_target, drafter.feature_layers, b=3, s=14, pad=4)
+    loss, metrics = drafter.training_loss(batch)
+    with torch.no_grad():
+        want, sums, correct, total = _hand_loss(drafter, batch)
+    torch.testing.assert_close(loss.detach(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(metrics["loss_sum"], sums, rtol=1e-5, atol=1e-4)
+    assert metrics["correct"].tolist() == correct.tolist()
+    assert metrics["total"].tolist() == total.tolist()
+    # every loss-masked real token is predicted once per head (the prompt is longer than the shifts)
+    assert total.tolist() == [int((batch["loss_mask"] * batch["attention_mask"]).sum())] * 3
+
+
+def test_packed_rows_never_predict_across_samples(llama_target):
+    drafter = draftheads.build_drafter("medusa", llama_target, num_heads=2)
+    batch = make_batch(llama_target, drafter.feature_layers, b=1, s=10, pad=0)
+    batch["loss_mask"][:] = 1
+    batch["position_ids"] = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5]])  # two samples of 4 and 6 tokens
+    _, metrics = drafter.training_loss(batch)
+    # head 1 (shift 2): sample A has t in {0, 1}, sample B has t in {4..7}; head 2 (shift 3): 1 + 3
+    assert metrics["total"].tolist() == [6, 4]
+
+
+def _observed(drafter, target, b=2, seed=3):
+    ids = torch.randint(0, target.config.vocab_size, (b, 7), generator=torch.Generator().manual_seed(seed))
+    feats = target_features(target, ids, None, drafter.feature_layers)
+    drafter.reset()
+    drafter.observe(feats, ids.roll(-1, dims=1))
+    return feats[:, -1], ids.roll(-1, dims=1)[:, -1]
+
+
+def test_greedy_proposal_takes_each_heads_rank_r_token(llama_target):
+    drafter = draftheads.build_drafter("medusa", llama_target, num_heads=4)
+    perturb(drafter, scale=0.3)
+    feature, pending = _observed(drafter, llama_target)
+    tree = drafter.default_tree()
+    assert 40 <= tree.num_nodes <= 60 and tree.max_depth == 4
+    proposal = drafter.propose(tree)
+    assert proposal.tree is tree and proposal.q is None
+    assert proposal.tokens[:, 0].tolist() == pending.tolist()
+    with torch.no_grad():
+        ranked = [drafter.head_logits(k, feature).argsort(dim=-1, descending=True) for k in range(4)]
+    for node in range(1, tree.num_nodes):
+        want = ranked[tree.depths[node] - 1][:, tree.ranks[node]]
+        assert proposal.tokens[:, node].tolist() == want.tolist()
+
+
+def test_sampled_proposal_gives_q_per_node_and_distinct_siblings(llama_target):
+    drafter = draftheads.build_drafter("medusa", llama_target, num_heads=3)
+    perturb(drafter, scale=0.3)
+    feature, _ = _observed(drafter, llama_target)
+    tree = Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+    g = torch.Generator().manual_seed(0)
+    proposal = drafter.propose(tree, temperature=0.7, top_p=0.95, generator=g)
+    with torch.no_grad():
+        q = warp_probs(torch.stack([drafter.head_logits(k, feature) for k in range(3)], 1), 0.7, 0, 0.95)
+    for node in range(tree.num_nodes):
+        d = tree.depths[node]
+        want = q[:, d] if d < 3 else torch.zeros_like(q[:, 0])
+        torch.testing.assert_close(proposal.q[:, node], want)
+        kids = proposal.tokens[:, list(tree.children[node])]
+        assert all(len(set(row.tolist())) == kids.shape[1] for row in kids)
+        if node:
+            assert bool((q[:, d - 1].gather(1, proposal.tokens[:, node : node + 1]) > 0).all())
+
+
+def test_sampled_proposal_prunes_ranks_beyond_the_support(llama_target):
+    drafter = draftheads.build_drafter("medusa", llama_target, num_heads=2)
+    perturb(drafter, scale=0.3)
+    feature, _ = _observed(drafter, llama_target, b=1)
+    tree = Tree.from_paths([(0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (2, 0)])
+    proposal = drafter.propose(tree, temperature=1.0, top_k=2, generator=torch.Generator().manual_seed(0))
+    assert set(proposal.tree.paths) == {(0,), (1,), (0, 0), (0, 1)}
+    with torch.no_grad():
+        top2 = drafter.head_logits(0, feature).topk(2).indices[0].tolist()
+    assert sorted(proposal.tokens[0, 1:3].tolist()) == sorted(top2)
+
+
+def test_first_draw_follows_the_warped_head_distribution(llama_target):
+    drafter = draftheads.build_drafter("medusa", llama_target, num_heads=1)
+    perturb(drafter, scale=0.5)
+    feature, _ = _observed(drafter, llama_target, b=1)
+    with torch.no_grad():
+        q = warp_probs(drafter.head_logits(0, feature), 1.0, 4)[0]
+    g, tree, n = torch.Generator().manual_seed(0), Tree.chain(1), 2000
+    counts = torch.zeros_like(q)
+    for _ in range(n):
+        counts[drafter.propose(tree, temperature=1.0, top_k=4, generator=g).tokens[0, 1]] += 1
+    assert 0.5 * float((counts / n - q).abs().sum()) < 0.04
+
+
+def test_rejects_dynamic_trees_too_deep_trees_and_proposing_before_observing(llama_target):
+    drafter = draftheads.build_drafter("medusa", llama_target, num_heads=2)
+    with pytest.raises(DraftheadsError, match="before observe"):
+        drafter.propose(Tree.chain(2))
+    _observed(drafter, llama_target)
+    with pytest.raises(DraftheadsError, match="dynamic"):
+        drafter.propose(DynamicTreeSpec(4, 3, 20))
+    with pytest.raises(DraftheadsError, match="exceeds"):
+        drafter.propose(Tree.chain(3))
+    assert drafter.default_tree().max_depth == 2
+
+
+def test_own_lm_head_is_copied_once_and_never_overwritten_by_a_later_bind(llama_target):
+    drafter = draftheads.build_drafter("medusa", llama_target, num_heads=2, lm_head="own")
+    target_weight = llama_target.get_output_embeddings().weight
+    assert torch.equal(drafter.lm_heads[1].weight, target_weight)
+    assert drafter.lm_heads[0].weight.data_ptr() != target_weight.data_ptr()
+    with torch.no_grad():
+        drafter.lm_heads[0].weight.mul_(2)
+    drafter.bind(llama_target)
+    assert torch.equal(drafter.lm_heads[0].weight, 2 * target_weight)
+
+
+def test_param_groups_put_all_heads_at_the_base_rate(llama_target):
+    drafter = draftheads.build_drafter("medusa", llama_target, num_heads=2)
+    (group,) = drafter.param_groups(1e-3)
+    assert group["lr"] == 1e-3 and len(group["params"]) == len(list(drafter.parameters()))
+    assert draftheads.build_drafter("medusa", llama_target, head_lr=5e-3).param_groups(1e-3)[0]["lr"] == 5e-3
+    with pytest.raises(DraftheadsError, match="Medusa-2"):
+        drafter.adapted_target()
