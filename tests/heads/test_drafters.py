@@ -1,0 +1,117 @@
+"""Every head type on every fixture family: shapes, wiring, a training step, save/load, drafting."""
+
+import pytest
+import torch
+
+import draftheads
+from draftheads.heads import HEAD_CONFIGS, HEAD_TYPES
+from draftheads.heads.native import save_drafter
+from draftheads.inference.tree import Tree
+from tests.heads.batches import make_batch, perturb, snapshot, target_features
+
+# (id, head type, config, number of depths trained); variants join as their head type lands.
+VARIANTS = [
+    ("medusa", "medusa", {"num_heads": 3}, 3),
+    ("medusa-own", "medusa", {"num_heads": 2, "lm_head": "own"}, 2),
+    ("eagle", "eagle", {"ttt_steps": 2}, 2),
+    ("eagle3", "eagle", {"eagle3": True, "ttt_steps": 3, "draft_vocab_size": 128}, 3),
+    ("mtp", "mtp", {"depth": 2}, 2),
+]
+CASES = [pytest.param(kind, cfg, depths, id=name) for name, kind, cfg, depths in VARIANTS if kind in HEAD_TYPES]
+
+
+def build(kind, target, cfg):
+    drafter = draftheads.build_drafter(kind, target, **cfg)
+    if getattr(drafter.config, "eagle3", False):  # a draft vocabulary that is not just the first ids
+        counts = torch.randint(0, 100, (target.config.vocab_size,), generator=torch.Generator().manual_seed(0))
+        drafter.set_draft_vocab(counts)
+    return drafter
+
+
+def test_every_head_type_is_covered():
+    assert set(HEAD_TYPES) <= {kind for _, kind, _, _ in VARIANTS}
+    assert set(HEAD_TYPES) <= set(HEAD_CONFIGS)
+
+
+@pytest.mark.parametrize("kind, cfg, depths", CASES)
+def test_loss_and_metrics_have_the_interface_shapes(tiny_target, kind, cfg, depths):
+    drafter = build(kind, tiny_target, cfg)
+    batch = make_batch(tiny_target, drafter.feature_layers)
+    assert batch["features"].shape[-1] == len(drafter.feature_layers) * tiny_target.config.hidden_size
+    loss, metrics = drafter.training_loss(batch)
+    assert loss.shape == () and loss.requires_grad and torch.isfinite(loss)
+    assert {"correct", "total", "loss_sum"} <= set(metrics)
+    for key in ("correct", "total", "loss_sum"):
+        assert metrics[key].shape == (depths,), key
+    assert metrics["total"].dtype == torch.long and bool((metrics["total"] > 0).all())
+    assert bool((metrics["correct"] <= metrics["total"]).all()) and bool((metrics["loss_sum"] > 0).all())
+
+
+@pytest.mark.parametrize("kind, cfg, depths", CASES)
+def test_from_target_is_deterministic_and_shares_nothing_with_the_target(tiny_target, kind, cfg, depths):
+    config = draftheads.config.build(HEAD_CONFIGS[kind], {"type": kind, **cfg}, "head")
+    if hasattr(config, "resolve"):
+        config.resolve(tiny_target.config.num_hidden_layers, tiny_target.config.vocab_size)
+    torch.manual_seed(5)
+    first = HEAD_TYPES[kind].from_target(tiny_target.config, config).bind(tiny_target)
+    torch.manual_seed(5)
+    second = HEAD_TYPES[kind].from_target(tiny_target.config, config).bind(tiny_target)
+    assert all(torch.equal(v, second.state_dict()[k]) for k, v in first.state_dict().items())
+    target_storage = {t.untyped_storage().data_ptr() for t in tiny_target.state_dict().values()}
+    assert not any(t.untyped_storage().data_ptr() in target_storage for t in second.state_dict().values())
+    layers = tiny_target.config.num_hidden_layers
+    assert all(-(layers + 1) <= i <= layers for i in second.feature_layers)
+
+
+@pytest.mark.parametrize("kind, cfg, depths", CASES)
+def test_a_training_step_moves_only_drafter_parameters(tiny_target, kind, cfg, depths):
+    drafter = build(kind, tiny_target, cfg)
+    before_target, before = snapshot(tiny_target), snapshot(drafter)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=1e-2)
+    drafter.train()
+    drafter.training_loss(make_batch(tiny_target, drafter.feature_layers))[0].backward()
+    assert all(p.grad is None for p in tiny_target.parameters())
+    trainable = {n: p for n, p in drafter.named_parameters() if p.requires_grad}
+    assert trainable and all(p.grad is not None and torch.isfinite(p.grad).all() for p in trainable.values())
+    optimizer.step()
+    assert all(torch.equal(v, tiny_target.state_dict()[k]) for k, v in before_target.items())
+    after = drafter.state_dict()
+    assert all(not torch.equal(after[n], before[n]) for n in trainable)
+
+
+PROMPT_IDS = torch.randint(0, 300, (1, 9), generator=torch.Generator().manual_seed(2))
+PENDING = int(PROMPT_IDS[0, 0])  # next_tokens = the prompt shifted left; the last one wraps to x_0
+
+
+def _draft(drafter, target, tree, generator=None):
+    drafter.reset()
+    features = target_features(target, PROMPT_IDS, None, drafter.feature_layers)
+    drafter.observe(features, PROMPT_IDS.roll(-1, dims=1))
+    return drafter.propose(tree, temperature=0.8 if generator else 0.0, generator=generator)
+
+
+@pytest.mark.parametrize("kind, cfg, depths", CASES)
+def test_save_then_load_gives_identical_outputs(tiny_target, tmp_path, kind, cfg, depths):
+    drafter = build(kind, tiny_target, cfg)
+    perturb(drafter)
+    save_drafter(drafter, tmp_path / "d", target=tiny_target)
+    loaded = draftheads.load_drafter(tmp_path / "d", tiny_target)
+    assert type(loaded) is type(drafter) and loaded.config == drafter.config
+    drafter.eval(), loaded.eval()
+    batch = make_batch(tiny_target, drafter.feature_layers)
+    assert torch.equal(loaded.training_loss(batch)[0], drafter.training_loss(batch)[0])
+    tree = Tree.from_paths([(0,), (1,), (0, 0), (1, 0)])
+    assert torch.equal(_draft(loaded, tiny_target, tree).tokens, _draft(drafter, tiny_target, tree).tokens)
+    sampled = [_draft(d, tiny_target, tree, torch.Generator().manual_seed(4)) for d in (drafter, loaded)]
+    assert torch.equal(sampled[0].tokens, sampled[1].tokens)
+
+
+@pytest.mark.parametrize("kind, cfg, depths", CASES)
+def test_proposal_is_rooted_at_the_pending_token(tiny_target, kind, cfg, depths):
+    drafter = build(kind, tiny_target, cfg)
+    perturb(drafter)
+    proposal = _draft(drafter, tiny_target, drafter.default_tree())
+    assert proposal.tokens.shape == (1, proposal.tree.num_nodes) and proposal.tree.num_nodes > 1
+    assert int(proposal.tokens[0, 0]) == PENDING
+    vocab = tiny_target.config.vocab_size
+    assert bool(((proposal.tokens >= 0) & (proposal.tokens < vocab)).all())
