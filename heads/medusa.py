@@ -143,6 +143,18 @@ class MedusaDrafter(nn.Module):
         y = self.heads[k](hidden)
         return self.lm_heads[k](y) if self.config.lm_head == "own" else self._lm_head(y)
 
+    def draft_logits(self, feature: torch.Tensor, depth: int) -> torch.Tensor:
+        """feature [b, H] -> [b, depth, V]: heads 1..depth at one position.
+
+        A shared lm_head runs once over all heads' outputs: one [depth, H] x [H, V] product reads
+        the (large) vocabulary matrix once instead of once per head.
+        """
+        if self.config.lm_head == "own":
+            return torch.stack([self.head_logits(k, feature) for k in range(depth)], dim=1)
+        if self._lm_head is None:
+            raise DraftheadsError("the Medusa drafter is not bound to a target; call drafter.bind(target) first")
+        return self._lm_head(torch.stack([self.heads[k](feature) for k in range(depth)], dim=1))
+
     # ---- training ----------------------------------------------------------------------------
 
     def training_loss(self, batch: dict) -> tuple[torch.Tensor, dict]:
@@ -211,7 +223,7 @@ class MedusaDrafter(nn.Module):
         if self._feature is None:
             raise DraftheadsError("Medusa propose() called before observe(); feed the prompt's features first")
         depth = tree.max_depth
-        logits = torch.stack([self.head_logits(k, self._feature) for k in range(depth)], dim=1)  # [b, D, V]
+        logits = self.draft_logits(self._feature, depth)  # [b, D, V]
         sampled = generator is not None and temperature > 0
         widths = [1 + max(r for r, d in zip(tree.ranks, tree.depths) if d == level) for level in range(1, depth + 1)]
         if sampled:
