@@ -98,7 +98,7 @@ class TrainConfig:
     batch_size: int = doc(8, "sequences per micro-batch per process")
     grad_accum: int = doc(1, "micro-batches per optimizer step")
     max_length: int = doc(1024, "longest training sequence in tokens")
-    packing: bool = doc(True, "pack short samples into max_length rows")
+    bucket_by_length: bool = doc(True, "batch rows of similar length together (less padding); rows never attend to each other")
     lr: float = doc(3e-4, "AdamW learning rate")
     weight_decay: float = doc(0.0, "AdamW weight decay")
     betas: list[float] = doc([0.9, 0.95], "AdamW betas")
@@ -113,7 +113,8 @@ class TrainConfig:
     keep_last: int = doc(2, "checkpoints kept (the best one is kept too)")
     resume: str = doc("auto", "'auto' (newest complete checkpoint), 'never', or a checkpoint folder")
     log_every: int = doc(10, "log metrics every N steps")
-    feature_dtype: Literal["bf16", "fp16"] = doc("bf16", "offline mode: dtype of cached features")
+    feature_dtype: Literal["bf16", "fp16", "fp32"] = doc("bf16", "offline mode: dtype of cached features (fp32 doubles the disk size)")
+    feature_cache: str | None = doc(None, "offline mode: feature cache folder (default <data folder>/features/<key>)")
 
     def __post_init__(self):
         check(self.lr > 0, f"train.lr must be positive, got {self.lr}")
