@@ -21,7 +21,7 @@ from draftheads.heads import medusa2
 from draftheads.heads.common import DepthMetrics, batch_features, bind_frozen, masked_ce, mean_loss, target_dims
 from draftheads.inference.drafter import Proposal
 from draftheads.inference.sampling import pick_children, warp_probs
-from draftheads.inference.tree import DynamicTreeSpec, Tree
+from draftheads.inference.tree import DynamicTreeSpec, Tree, parse_tree
 
 MAX_HEADS = 10
 
@@ -210,7 +210,7 @@ class MedusaDrafter(nn.Module):
         return Tree.from_paths([p for p in DEFAULT_TREE_PATHS if len(p) <= self.config.num_heads])
 
     @torch.no_grad()
-    def propose(self, tree, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, generator=None) -> Proposal:
+    def propose(self, tree=None, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, generator=None) -> Proposal:
         """Fill a static tree: a node at depth d with rank r gets head d's r-th token.
 
         Every node of a depth shares head d's distribution (Medusa's Cartesian-product tree), so
@@ -240,6 +240,7 @@ class MedusaDrafter(nn.Module):
         return Proposal(tree, tokens, q_by_depth[:, tree.depth_tensor.to(q.device)])
 
     def _check_tree(self, tree) -> Tree:
+        tree = self.default_tree() if tree is None else parse_tree(tree)
         if isinstance(tree, DynamicTreeSpec):
             raise DraftheadsError("Medusa heads cannot build dynamic trees; give a static tree (e.g. chain:K or index paths)")
         if tree.max_depth > self.config.num_heads:

@@ -155,6 +155,7 @@ def test_rejects_dynamic_trees_too_deep_trees_and_proposing_before_observing(lla
     with pytest.raises(DraftheadsError, match="exceeds"):
         drafter.propose(Tree.chain(3))
     assert drafter.default_tree().max_depth == 2
+    assert drafter.propose("chain:2").tree.paths == ((0,), (0, 0)) and drafter.propose(None).tree.max_depth == 2
 
 
 def test_own_lm_head_is_copied_once_and_never_overwritten_by_a_later_bind(llama_target):
