@@ -8,10 +8,24 @@ EAGLE-3:   [h_low; h_mid; h_high] [b, s, 3H] -> fc -> layer over [norm(emb); nor
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
+import torch.nn.functional as F
+from torch import nn
+
 from draftheads.config import check, doc
+from draftheads.errors import DraftheadsError
+from draftheads.heads.common import DepthMetrics, batch_features, bind_frozen, mean_loss, shift_mask, target_dims, text_config
+from draftheads.heads.draft_tree import Sampling, draft_dynamic, draft_static
+from draftheads.heads.layers import (
+    KVCache, build_decoder_layer, causal_visible, make_norm, run_layer, target_parts, tree_visible, ttt_visible,
+    widen_attention_inputs,
+)
+from draftheads.inference.drafter import Proposal
+from draftheads.inference.tree import DynamicTreeSpec, Tree, parse_tree
 
 MAX_TTT_STEPS = 16
 
@@ -59,3 +73,264 @@ class EagleConfig:
     @property
     def depth(self) -> int:
         return MAX_TTT_STEPS  # autoregressive: any draft depth
+
+
+class EagleDrafter(nn.Module):
+    """One draft decoder layer of the target's own class, run autoregressively on its own features.
+
+    The "carry" fed at position t is what the layer continues from: EAGLE-1/2 the feature f_t
+    (fused with emb(x_{t+1}) by fc), EAGLE-3 the hidden state fc(fused features) at step 0 and
+    the layer's previous output afterwards. The layer's output at t is the next position's carry.
+    """
+
+    def __init__(self, config: EagleConfig, target_config):
+        super().__init__()
+        dims = target_dims(target_config)
+        self.config = config
+        self.hidden_size, self.vocab_size = dims.hidden_size, dims.vocab_size
+        hidden = dims.hidden_size
+        self.layer = build_decoder_layer(target_config)
+        if not hasattr(self.layer, "input_layernorm"):
+            raise DraftheadsError(f"{type(self.layer).__name__} has no input_layernorm; EAGLE does not support this target")
+        if config.eagle3:
+            eps = getattr(text_config(target_config), "rms_norm_eps", 1e-6)
+            self.feature_layers = tuple(layer + 1 for layer in config.feature_layers) + (-1,)
+            self.fc = nn.Linear(3 * hidden, hidden, bias=False)
+            widen_attention_inputs(self.layer, 2 * hidden)
+            self.layer.self_attn.register_forward_pre_hook(_prepend_embeddings, with_kwargs=True)
+            self.embed_norm = make_norm(self.layer, hidden, eps)  # the layer's input_layernorm normalises h
+            self.norm = make_norm(self.layer, hidden, eps)
+            self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+            self.register_buffer("t2d", torch.arange(dims.vocab_size) < config.draft_vocab_size)
+        else:
+            self.feature_layers = (-1,)
+            self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+            self.layer.input_layernorm = nn.Identity()  # f is already normalised by the target
+        self.reset()
+
+    @classmethod
+    def from_target(cls, target_config, cfg: EagleConfig) -> "EagleDrafter":
+        dims = target_dims(target_config)
+        cfg.resolve(dims.num_layers, dims.vocab_size)
+        return cls(cfg, target_config)
+
+    def bind(self, target) -> "EagleDrafter":
+        """Share the target's frozen embedding, lm_head and rotary embedding (never trained or saved)."""
+        parts = target_parts(target)
+        out_features, in_features = parts["lm_head"].weight.shape
+        if (in_features, out_features) != (self.hidden_size, self.vocab_size):
+            raise DraftheadsError(
+                f"this EAGLE drafter was built for hidden size {self.hidden_size} and vocab {self.vocab_size}, "
+                f"but the target has {in_features} and {out_features}; use the target it was trained on"
+            )
+        bind_frozen(self, _embed=parts["embed"], _lm_head=parts["lm_head"], _rotary=parts["rotary"])
+        return self
+
+    # ---- the model ----------------------------------------------------------------------------
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    @property
+    def draft_ids(self) -> torch.Tensor:
+        """[Vd] target token id of each draft-vocabulary entry (EAGLE-3)."""
+        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+
+    def _initial_carry(self, features: torch.Tensor) -> torch.Tensor:
+        """features [b, n, F] -> carry [b, n, H] from the target's own hidden states."""
+        if self.config.eagle3:
+            return self.fc(features[..., : 3 * self.hidden_size])
+        return features[..., -self.hidden_size :]
+
+    def _forward(self, carry, tokens, position_ids, visible, cache=None) -> torch.Tensor:
+        """carry [b, n, H], tokens [b, n] (x_{t+1} at position t) -> layer output [b, n, H]."""
+        emb = self._embed(tokens).to(carry.dtype)
+        if self.config.eagle3:
+            return run_layer(self.layer, self._rotary, carry, position_ids, visible, cache, draft_embeds=self.embed_norm(emb))
+        hidden = self.fc(torch.cat([emb, carry], dim=-1))
+        return run_layer(self.layer, self._rotary, hidden, position_ids, visible, cache)
+
+    def _draft_logits(self, out: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., V] (EAGLE-1/2, target lm_head) or [..., Vd] (EAGLE-3, own head), fp32."""
+        if self.config.eagle3:
+            return self.lm_head(self.norm(out)).float()
+        return self._lm_head(out.to(self._lm_head.weight.dtype)).float()
+
+    def _vocab_logits(self, out: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., V] over the target vocabulary (-inf outside EAGLE-3's draft vocabulary)."""
+        logits = self._draft_logits(out)
+        if not self.config.eagle3:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        return full.index_copy(-1, self.draft_ids, logits)
+
+    # ---- training -----------------------------------------------------------------------------
+
+    def training_loss(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        """Σ_j ttt_decay^j · mean loss of unroll step j (step j drafts depth j+1); metrics per step."""
+        features = batch_features(batch, self.dtype)
+        metrics = DepthMetrics(self.config.ttt_steps, features.device)
+        loss = features.new_zeros(())
+        for step, out in enumerate(self.unroll(features, batch["input_ids"], batch.get("position_ids"))):
+            loss_sum, correct, total = self._step_loss(out, features, batch, step)
+            metrics.add(step, loss_sum, correct, total)
+            loss = loss + self.config.ttt_decay**step * mean_loss(loss_sum, total)
+        return loss, metrics.as_dict()
+
+    def unroll(self, features: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None):
+        """Training-time test: yield the layer output [b, s-1, H] of each of `ttt_steps` steps.
+
+        Step 0 reads the target's features; step j reads step j-1's outputs shifted by one
+        position and attends, through one growing cache, to exactly the keys drafting depth j+1
+        from anchor p - j would see (layers.ttt_visible). In training mode the input features
+        get uniform noise U(-w/2, w/2).
+        """
+        n = input_ids.shape[1] - 1  # position t reads x_{t+1}
+        tokens = input_ids[:, 1:]
+        segments = position_ids[:, :n] if position_ids is not None else None
+        rope = segments if segments is not None else torch.arange(n, device=input_ids.device)[None]
+        inputs = features[:, :n]
+        if self.training and self.config.input_noise > 0:
+            inputs = inputs + (torch.rand_like(inputs) - 0.5) * self.config.input_noise
+        carry = self._initial_carry(inputs)
+        cache = KVCache() if self.config.ttt_steps > 1 else None
+        for step in range(self.config.ttt_steps):
+            visible = ttt_visible(step, n, segments, input_ids.device)
+            out = self._forward(carry, tokens, rope, visible, cache)
+            yield out
+            carry = torch.cat([carry[:, :1], out[:, :-1]], dim=1)  # position p continues from p - 1's output
+
+    def _step_loss(self, out: torch.Tensor, features: torch.Tensor, batch: dict, step: int):
+        """Loss of unroll step `step`: out[:, p] (anchor a = p - step) predicts f_{p+1} and x_{p+2}.
+
+        Returns (loss_sum over counted positions, top-1 hits, count).
+        """
+        mask = shift_mask(batch, step + 2)  # [b, s - step - 2], indexed by the anchor
+        span = mask.shape[1]
+        rows = out[:, step : step + span][mask]  # [m, H]
+        labels = batch["input_ids"][:, step + 2 :][mask]
+        if labels.numel() == 0:
+            return out.sum() * 0.0, 0, 0  # keeps every parameter in the graph (DDP)
+        target_f = features[:, step + 1 : step + 1 + span, -self.hidden_size :][mask]  # f_{p+1}
+        logits = self._draft_logits(rows)
+        with torch.no_grad():
+            target_p = self._target_logits(target_f).softmax(-1)
+        loss = -(target_p * logits.log_softmax(-1)).sum(-1)  # soft CE vs the target's distribution
+        if not self.config.eagle3:
+            smooth_l1 = F.smooth_l1_loss(rows.float(), target_f.float(), reduction="none").mean(-1)
+            loss = self.config.feature_loss_weight * smooth_l1 + self.config.token_loss_weight * loss
+        guess = logits.argmax(-1)
+        if self.config.eagle3:
+            guess = self.draft_ids[guess]
+        return loss.sum(), (guess == labels).sum(), labels.numel()
+
+    def _target_logits(self, f: torch.Tensor) -> torch.Tensor:
+        """The target's logits from its final features [m, H]; EAGLE-3: only the draft vocabulary's
+        columns (softmax over them is the target distribution restricted to the draft vocabulary)."""
+        weight, bias = self._lm_head.weight, getattr(self._lm_head, "bias", None)
+        if self.config.eagle3:
+            weight = weight[self.draft_ids]
+            bias = bias[self.draft_ids] if bias is not None else None
+        return F.linear(f.to(weight.dtype), weight, bias).float()
+
+    @torch.no_grad()
+    def set_draft_vocab(self, token_counts: torch.Tensor, init_from_target: bool = True) -> None:
+        """EAGLE-3: draft vocabulary = the draft_vocab_size most frequent tokens (ties: lower id first).
+
+        token_counts [V]: how often each token is a loss-masked (target-generated) token. Builds
+        d2t (target id = draft id + d2t[draft id]) and t2d ([V] bool). With `init_from_target` and a
+        bound target, the draft lm_head starts as the target's rows for those tokens.
+        """
+        if not self.config.eagle3:
+            raise DraftheadsError("set_draft_vocab only applies to EAGLE-3 (head.eagle3: true)")
+        if token_counts.shape != (self.vocab_size,):
+            raise DraftheadsError(f"token counts must have one entry per target token ({self.vocab_size}), got {tuple(token_counts.shape)}")
+        size = len(self.d2t)
+        order = torch.sort(-token_counts.long().cpu(), stable=True).indices  # stable: ties keep id order
+        chosen = order[:size].sort().values.to(self.d2t.device)
+        self.d2t.copy_(chosen - torch.arange(size, device=chosen.device))
+        self.t2d.zero_()
+        self.t2d[chosen] = True
+        if init_from_target and hasattr(self, "_lm_head"):
+            self.lm_head.weight.copy_(self._lm_head.weight[chosen])
+
+    # ---- drafting (the Drafter protocol) -------------------------------------------------------
+
+    def reset(self) -> None:
+        self._cache = KVCache()
+        self._committed = 0  # cached positions that belong to committed tokens
+        self._root_out: torch.Tensor | None = None  # [b, H] layer output at the last committed position
+        self._root_token: torch.Tensor | None = None  # [b] the pending token
+
+    def default_tree(self) -> Tree | DynamicTreeSpec:
+        return parse_tree(self.config.default_tree)
+
+    @torch.no_grad()
+    def observe(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        """Append committed positions: features [b, n, F], the token after each [b, n]."""
+        self._cache.truncate(self._committed)
+        n = next_tokens.shape[1]
+        positions = torch.arange(self._committed, self._committed + n, device=next_tokens.device)[None]
+        visible = causal_visible(None, 1, n, past=self._committed, device=next_tokens.device)
+        carry = self._initial_carry(features.to(self.dtype))
+        out = self._forward(carry, next_tokens, positions, visible, self._cache)
+        self._committed += n
+        self._root_out, self._root_token = out[:, -1], next_tokens[:, -1]
+
+    @torch.no_grad()
+    def propose(self, tree=None, *, temperature=0.0, top_k=0, top_p=1.0, generator=None) -> Proposal:
+        """Draft a static tree level by level, or an EAGLE-2 dynamic tree (one sequence)."""
+        if self._root_out is None:
+            raise ValueError("observe the prompt before calling propose")
+        tree = parse_tree(tree) if tree is not None else self.default_tree()
+        self._cache.truncate(self._committed)
+        sampling = Sampling(temperature, top_k, top_p, generator)
+        state = {"out": {0: self._root_out}, "columns": {}}
+        expand = functools.partial(self._expand, state)
+        if isinstance(tree, DynamicTreeSpec):
+            tree, tokens, q = draft_dynamic(tree, self._root_token, expand, sampling)
+        else:
+            tokens, q = draft_static(tree, self._root_token, expand, sampling)
+        return Proposal(tree, tokens, q)
+
+    def _expand(self, state: dict, nodes: list[int], parents: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        """Feed tree `nodes` (one depth) through the layer; logits for their children [b, n, V]."""
+        if nodes == [0]:
+            return self._vocab_logits(self._root_out)[:, None]
+        past = len(self._cache)
+        for i, node in enumerate(nodes):
+            state["columns"][node] = past + i
+        depths = [_depth(parents, node) for node in nodes]
+        # the root sits at the last committed position; a node of depth d at d positions later
+        positions = torch.tensor(depths, device=tokens.device)[None] + self._committed - 1
+        visible = tree_visible(nodes, parents, state["columns"], past + len(nodes), self._committed, tokens.device)
+        carry = torch.stack([state["out"][parents[node]] for node in nodes], dim=1)
+        out = self._forward(carry, tokens[:, nodes], positions, visible, self._cache)
+        for i, node in enumerate(nodes):
+            state["out"][node] = out[:, i]
+        return self._vocab_logits(out)
+
+
+def _depth(parents: list[int], node: int) -> int:
+    depth = 0
+    while node > 0:
+        node, depth = parents[node], depth + 1
+    return depth
+
+
+def _prepend_embeddings(attention: nn.Module, args: tuple, kwargs: dict):
+    """EAGLE-3 forward pre-hook on the attention: its input becomes [norm(emb); norm(h)] (2H).
+
+    The decoder layer passes unknown keyword arguments down to its attention; the embeddings
+    ride along as `draft_embeds`, while the residual stream stays the H-wide hidden state.
+    """
+    embeds = kwargs.pop("draft_embeds", None)
+    if embeds is None:
+        return args, kwargs
+    if "hidden_states" in kwargs:
+        kwargs["hidden_states"] = torch.cat([embeds, kwargs["hidden_states"]], dim=-1)
+    else:
+        args = (torch.cat([embeds, args[0]], dim=-1), *args[1:])
+    return args, kwargs
