@@ -38,5 +38,9 @@ def load_drafter(path, target):
 
 
 def speculative_generate(target, drafter, input_ids, **kwargs):
-    """Generate with speculative decoding; see draftheads.inference.generate."""
-    raise NotImplementedYet("speculative_generate")
+    """Generate with speculative decoding; see draftheads.inference.generate.speculative_generate.
+
+    Returns a GenerationResult: .tokens [1, n] (prompt excluded), .stats (GenerationStats)."""
+    from draftheads.inference.generate import speculative_generate as generate
+
+    return generate(target, drafter, input_ids, **kwargs)

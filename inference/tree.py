@@ -103,6 +103,20 @@ class Tree:
             out[row, : len(path)] = torch.tensor(path)
         return out
 
+    @functools.cached_property
+    def parent_tensor(self) -> torch.Tensor:
+        """[N] parent of each node (root: -1)."""
+        return torch.tensor(self.parents, dtype=torch.long)
+
+    @functools.cached_property
+    def children_table(self) -> torch.Tensor:
+        """[N, W] children of each node by sibling order, padded with -1 (W = widest node, at least 1)."""
+        width = max(1, max(len(c) for c in self.children))
+        out = torch.full((self.num_nodes, width), -1, dtype=torch.long)
+        for node, kids in enumerate(self.children):
+            out[node, : len(kids)] = torch.tensor(kids, dtype=torch.long)
+        return out
+
     def attention_mask(self, prefix_len: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
         """[1, 1, N, prefix_len + N] additive mask: 0 where visible, dtype-min elsewhere.
 

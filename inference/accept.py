@@ -1,0 +1,181 @@
+"""Acceptance rules: which path of a verified draft tree to keep, and the next token.
+
+Inputs shared by every rule (b rows are independent):
+    tree    the proposal's shape, N nodes, node 0 = root (the pending token)
+    tokens  [b, N] token at each node
+    p       [b, N, V] the target's warped next-token distribution after each node (temperature,
+            top-k, top-p already applied by sampling.warp_probs, exactly as plain sampling does)
+    q       [b, N, V] or None: the distribution node i's children were drawn from (without
+            replacement, in rank order); None = the children are deterministic (top-k, lookup)
+
+Rules:
+    greedy   accept a child iff its token is argmax p of its parent; longest accepted path;
+             next token argmax p (whatever the temperature).
+    strict   lossless recursive rejection sampling: at the current node try the children in rank
+             order; child x_j is accepted with probability min(1, r(x_j) / q_j(x_j)), where r is the
+             residual target (starts as p) and q_j the distribution x_j was drawn from (q with the
+             earlier siblings removed and renormalised; a point mass on x_j when q is None). On
+             rejection r <- norm(max(0, r - q_j)). Moving into an accepted child starts afresh with
+             its p; when every child fails (or at a leaf) the next token is drawn from r.
+             Why it is exact: given everything drawn before stage j, x_j ~ q_j, so
+             P(out = y) = min(r(y), q_j(y)) + (1 - sum_x min(r(x), q_j(x))) * r'(y) = r(y), because
+             the rejection mass equals the normaliser sum_x max(0, r(x) - q_j(x)) of r' (reference
+             000 §3.2). By induction from the last stage backwards, the emitted token ~ p, and the
+             walk then continues from the accepted child with that child's p.
+    typical  (Medusa) accept a child iff p(x) > min(epsilon, delta * exp(-H(p))) for its parent's p;
+             longest accepted path; next token sampled from p (argmax at temperature 0). Not lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from draftheads.inference.sampling import sample
+from draftheads.inference.tree import Tree
+
+RULES = ("greedy", "strict", "typical")
+
+
+@dataclass
+class Acceptance:
+    """path: [b, D+1] accepted node indices, root first, padded with -1.
+    num_accepted: [b] accepted drafts (path length - 1). next_token: [b] the new pending token."""
+
+    path: torch.Tensor
+    num_accepted: torch.Tensor
+    next_token: torch.Tensor
+
+
+def accept(
+    rule: str,
+    tree: Tree,
+    tokens: torch.Tensor,
+    p: torch.Tensor,
+    q: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    *,
+    epsilon: float = 0.09,
+    delta: float = 0.3,
+) -> Acceptance:
+    """Dispatch to one rule by name ('greedy', 'strict', 'typical')."""
+    if rule == "greedy":
+        return accept_greedy(tree, tokens, p)
+    if rule == "strict":
+        return accept_strict(tree, tokens, p, q, generator)
+    if rule == "typical":
+        return accept_typical(tree, tokens, p, generator, epsilon=epsilon, delta=delta)
+    raise ValueError(f"unknown acceptance rule '{rule}'; use one of {', '.join(RULES)}")
+
+
+def parent_values(tree: Tree, tokens: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """[b, N]: p of each node's parent at the node's token (root: 1)."""
+    parents = tree.parent_tensor.to(tokens.device).clamp(min=0)
+    rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
+    out = p[rows, parents[None, :], tokens]
+    out[:, 0] = 1.0
+    return out
+
+
+def longest_path(tree: Tree, ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ok: [b, N] per-node pass/fail -> (path [b, D+1] padded -1, num_accepted [b]) of the longest
+    all-pass root path; ties go to the first leaf in node order (lower sibling ranks)."""
+    paths = tree.retrieve_indices.to(ok.device)                      # [L, D+1]
+    passed = ok[:, paths.clamp(min=0)] & (paths >= 0)                # [b, L, D+1]
+    passed[:, :, 0] = True
+    lengths = passed.long().cumprod(-1).sum(-1)                      # [b, L] nodes on the path, root included
+    best = lengths.argmax(-1)                                         # first maximum
+    length = lengths.gather(1, best[:, None])[:, 0]
+    path = paths[best]                                                # [b, D+1]
+    depth = torch.arange(path.shape[1], device=ok.device)
+    path = path.masked_fill(depth[None, :] >= length[:, None], -1)
+    return path, length - 1
+
+
+def last_node(path: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
+    """[b] the deepest accepted node."""
+    return path.gather(1, num_accepted[:, None])[:, 0]
+
+
+def accept_greedy(tree: Tree, tokens: torch.Tensor, p: torch.Tensor) -> Acceptance:
+    argmax = p.argmax(-1)                                             # [b, N]
+    parents = tree.parent_tensor.to(tokens.device).clamp(min=0)
+    ok = tokens == argmax[:, parents]
+    path, n = longest_path(tree, ok)
+    rows = torch.arange(tokens.shape[0], device=tokens.device)
+    return Acceptance(path, n, argmax[rows, last_node(path, n)])
+
+
+def typical_threshold(p: torch.Tensor, epsilon: float, delta: float) -> torch.Tensor:
+    """[..., V] -> [...] min(epsilon, delta * exp(-H(p))), H in nats."""
+    entropy = torch.special.entr(p).sum(-1)
+    return torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy))
+
+
+def accept_typical(
+    tree: Tree, tokens: torch.Tensor, p: torch.Tensor, generator=None, *, epsilon: float = 0.09, delta: float = 0.3
+) -> Acceptance:
+    parents = tree.parent_tensor.to(tokens.device).clamp(min=0)
+    threshold = typical_threshold(p, epsilon, delta)                  # [b, N]
+    ok = parent_values(tree, tokens, p) > threshold[:, parents]
+    path, n = longest_path(tree, ok)
+    rows = torch.arange(tokens.shape[0], device=tokens.device)
+    return Acceptance(path, n, sample(p[rows, last_node(path, n)], generator))
+
+
+def sibling_draft(q_left: torch.Tensor | None, x: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[b, V] the distribution sibling x [b] was drawn from: q over the tokens not drawn before it
+    (renormalised), or a point mass on x when the children are deterministic."""
+    if q_left is None:
+        return torch.nn.functional.one_hot(x, vocab).float()
+    return q_left / q_left.sum(-1, keepdim=True).clamp_min(1e-30)
+
+
+def residual(r: torch.Tensor, q_j: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, r - q_j)) per row [b, V]; rows whose residual vanished (r == q_j up to rounding,
+    where rejection has probability ~0) keep r."""
+    res = (r - q_j).clamp_min(0)
+    total = res.sum(-1, keepdim=True)
+    return torch.where(total > 1e-9, res / total.clamp_min(1e-30), r)
+
+
+def accept_strict(
+    tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None = None, generator=None
+) -> Acceptance:
+    b, _, vocab = p.shape
+    device = tokens.device
+    rows = torch.arange(b, device=device)
+    children = tree.children_table.to(device)                        # [N, W]
+    path = torch.full((b, tree.max_depth + 1), -1, dtype=torch.long, device=device)
+    path[:, 0] = 0
+    node = torch.zeros(b, dtype=torch.long, device=device)
+    walking = torch.ones(b, dtype=torch.bool, device=device)
+    next_token = torch.zeros(b, dtype=torch.long, device=device)
+    for depth in range(tree.max_depth + 1):
+        r = p[rows, node].float()
+        q_left = None if q is None else q[rows, node].float()
+        moved = torch.zeros_like(walking)
+        for rank in range(children.shape[1]):
+            child = children[node, rank]                              # [b], -1 where absent
+            trying = walking & ~moved & (child >= 0)
+            if not trying.any():
+                break
+            x = tokens[rows, child.clamp(min=0)]
+            q_j = sibling_draft(q_left, x, vocab)
+            ratio = r[rows, x] / q_j[rows, x].clamp_min(1e-30)
+            u = torch.rand(b, generator=generator, device=device)
+            ok = trying & (u < ratio)
+            rejected = trying & ~ok
+            r = torch.where(rejected[:, None], residual(r, q_j), r)
+            if q_left is not None:  # the next sibling was drawn from q without this one
+                q_left = torch.where(trying[:, None], q_left.scatter(1, x[:, None], 0.0), q_left)
+            node = torch.where(ok, child, node)
+            path[:, depth + 1] = torch.where(ok, child, path[:, depth + 1])
+            moved |= ok
+        stopping = walking & ~moved
+        if stopping.any():
+            next_token = torch.where(stopping, sample(r, generator), next_token)
+        walking &= moved
+    num_accepted = (path >= 0).sum(-1) - 1
+    return Acceptance(path, num_accepted, next_token)
