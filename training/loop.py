@@ -121,6 +121,8 @@ def setup(recipe, accelerator, target=None, drafter=None) -> Run:
     from accelerate.utils import set_seed
 
     cfg = recipe.train
+    if cfg.mode == "offline" and getattr(recipe.head, "medusa2", False):
+        raise DraftheadsError("head.medusa2 trains LoRA on the target, so it cannot use cached features; set train.mode=online")
     model = _target_model(recipe, accelerator, target)
     recipe.resolve(model.config)
     set_seed(cfg.seed)  # the drafter's initial weights depend on the seed only
@@ -167,7 +169,7 @@ def make_drafter(recipe, model, rows, train_idx):
         return drafter
     cfg = {k: v for k, v in to_dict(head).items() if k != "type"}
     drafter = build_drafter(head.type, model, **cfg)
-    if hasattr(drafter, "set_draft_vocab"):
+    if hasattr(drafter, "set_draft_vocab") and getattr(drafter.config, "eagle3", True):  # EAGLE-1/2 use the full vocabulary
         vocab = recipe.derived["vocab_size"]
         drafter.set_draft_vocab(B.loss_token_counts(rows, train_idx, recipe.train.max_length, vocab))
     return drafter
@@ -179,7 +181,7 @@ def make_rowset(recipe, accelerator, model, drafter, rows, lengths) -> B.RowSet:
     if cfg.mode == "online":
         return B.RowSet(rows, cfg.max_length)
     if getattr(drafter, "needs_target_grad", False):
-        raise DraftheadsError("head.medusa2 trains LoRA on the target, so it cannot use cached features; set train.mode=online")
+        raise DraftheadsError("this drafter trains the target itself, so it cannot use cached features; set train.mode=online")
     layers = tuple(drafter.feature_layers)
     folder = Path(cfg.feature_cache) if cfg.feature_cache else (
         recipe.data_dir / "features" / cache_key(model, layers, cfg.max_length, cfg.feature_dtype, rows, lengths))

@@ -15,13 +15,18 @@ from tests.training.train_helpers import (
 )
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def one_thread():
     """Tiny models run much faster on one thread when other test processes share the cores."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate():
+    yield
     reset_accelerate()
 
 

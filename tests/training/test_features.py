@@ -1,0 +1,131 @@
+"""Offline features: the cache holds exactly the target's hidden states, resumes an interrupted
+build, and training on it gives the same drafter as online training."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from accelerate import Accelerator
+
+from draftheads.errors import DraftheadsError
+from draftheads.heads import HEAD_TYPES
+from draftheads.training import batches as B
+from draftheads.training import features as Fe
+from draftheads.training.loop import run_training
+from tests.training.train_helpers import make_dataset, max_weight_diff, reset_accelerate, tiny_recipe
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate():
+    yield
+    reset_accelerate()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, llama_target):
+    return make_dataset(llama_target, tmp_path_factory.mktemp("data") / "rows")
+
+
+def build(target, data_dir, folder, layers, dtype="fp32", batch_size=4):
+    rows = B.load_rows(data_dir)
+    lengths = B.row_lengths(rows, 64)
+    cache = Fe.build_feature_cache(Accelerator(cpu=True), target, B.RowSet(rows, 64), lengths, layers, folder, dtype, batch_size)
+    return rows, lengths, cache
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_cache_holds_each_rows_hidden_states(tmp_path, data_dir, llama_target, monkeypatch, dtype):
+    """Rows are cached from padded batches; each must equal the row run alone (EAGLE-3-style layers)."""
+    monkeypatch.setattr(Fe, "SHARD_ROWS", 5)  # several shards, the last one short
+    layers = (1, 3, -1)
+    rows, lengths, cache = build(llama_target, data_dir, tmp_path / "cache", layers, dtype)
+    assert len(list((tmp_path / "cache").glob("shard_*.npy"))) == -(-len(rows) // 5)
+    for i in range(len(rows)):
+        ids = torch.as_tensor(np.asarray(rows[i]["input_ids"])[:64])[None]
+        hidden = llama_target(ids, output_hidden_states=True).hidden_states
+        expected = torch.cat([hidden[j] for j in layers], dim=-1)[0]
+        got = cache.row(i)
+        assert got.shape == (lengths[i], 3 * llama_target.config.hidden_size)
+        if dtype == "fp32":
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        else:
+            assert got.dtype == torch.bfloat16
+            torch.testing.assert_close(got.float(), expected.to(torch.bfloat16).float(), atol=0.05, rtol=0.02)
+    data_bytes = sum(p.stat().st_size for p in (tmp_path / "cache").glob("shard_*.npy"))
+    per_value = {"fp32": 4, "bf16": 2}[dtype]
+    expected_bytes = int(lengths.sum()) * 3 * llama_target.config.hidden_size * per_value
+    assert expected_bytes <= data_bytes <= expected_bytes + 256 * len(list((tmp_path / "cache").glob("shard_*.npy")))
+
+
+def test_an_interrupted_build_resumes_at_the_missing_shard(tmp_path, data_dir, llama_target, monkeypatch):
+    monkeypatch.setattr(Fe, "SHARD_ROWS", 5)
+    folder = tmp_path / "cache"
+    rows, lengths, cache = build(llama_target, data_dir, folder, (-1,))
+    before = [cache.row(i).clone() for i in range(len(rows))]
+    (folder / "manifest.json").unlink()  # as if killed before the end
+    (folder / Fe.shard_name(2)).unlink()
+    (folder / (Fe.shard_name(3) + ".tmp")).write_bytes(b"half")  # a shard being written when killed
+    written = []
+    real = Fe._write_shard
+    monkeypatch.setattr(Fe, "_write_shard", lambda *a: (written.append(a[5]), real(*a)))
+    _, _, again = build(llama_target, data_dir, folder, (-1,))
+    assert written == [2]
+    for i in range(len(rows)):
+        assert torch.equal(again.row(i), before[i])
+    written.clear()
+    build(llama_target, data_dir, folder, (-1,))  # complete: nothing recomputed
+    assert written == []
+
+
+def test_cache_key_changes_with_what_the_values_depend_on(data_dir, llama_target, tokenizer):
+    from tests.fixtures import make_target
+
+    rows = B.load_rows(data_dir)
+    lengths = B.row_lengths(rows, 64)
+    key = Fe.cache_key(llama_target, (-1,), 64, "bf16", rows, lengths)
+    assert key == Fe.cache_key(llama_target, (-1,), 64, "bf16", rows, lengths)
+    assert key != Fe.cache_key(llama_target, (1, -1), 64, "bf16", rows, lengths)
+    assert key != Fe.cache_key(llama_target, (-1,), 64, "fp16", rows, lengths)
+    assert key != Fe.cache_key(make_target("llama", tokenizer, seed=1), (-1,), 64, "bf16", rows, lengths)
+
+
+OFFLINE_HEADS = {"medusa": {"type": "medusa", "num_heads": 2}}
+if "eagle" in HEAD_TYPES:
+    OFFLINE_HEADS["eagle"] = {"type": "eagle"}
+    OFFLINE_HEADS["eagle3"] = {"type": "eagle", "eagle3": True, "ttt_steps": 2, "draft_vocab_size": 128}
+if "mtp" in HEAD_TYPES:
+    OFFLINE_HEADS["mtp"] = {"type": "mtp", "depth": 2}
+
+
+@pytest.mark.parametrize("head", list(OFFLINE_HEADS))
+def test_online_and_offline_training_give_the_same_drafter(tmp_path, data_dir, llama_target, head, capsys):
+    settings = dict(max_steps=4, save_every=4, eval_every=4, log_every=1, feature_dtype="fp32")
+    online = run_training(tiny_recipe(data_dir, tmp_path / "on", OFFLINE_HEADS[head], mode="online", **settings), target=llama_target)
+    offline_recipe = tiny_recipe(data_dir, tmp_path / "off", OFFLINE_HEADS[head], mode="offline",
+                                 feature_cache=str(tmp_path / "cache"), **settings)
+    offline = run_training(offline_recipe, target=llama_target)
+    assert max_weight_diff(online / "final" / "drafter", offline / "final" / "drafter") < 1e-5
+    a = json.loads((online / "final" / "metrics.json").read_text())
+    b = json.loads((offline / "final" / "metrics.json").read_text())
+    assert [h["loss"] for h in a["history"]] == pytest.approx([h["loss"] for h in b["history"]], rel=1e-5)
+    assert a["final_eval"]["acc"] == pytest.approx(b["final_eval"]["acc"], abs=1e-9)
+    out = capsys.readouterr()
+    assert "caching target features" in out.err and "MiB per 1k tokens" in out.err
+    with capsys.disabled():
+        print(f"\n[{head}] train tokens/s on the tiny fixture: online {a['train_tokens_per_s']:,.0f}, "
+              f"offline {b['train_tokens_per_s']:,.0f}")
+
+
+def test_offline_mode_refuses_medusa2(tmp_path, data_dir):
+    recipe = tiny_recipe(data_dir, tmp_path / "run", {"type": "medusa", "medusa2": True}, mode="offline")
+    with pytest.raises(DraftheadsError, match="train.mode=online"):
+        run_training(recipe, target=object())  # refused before the target is touched
