@@ -50,10 +50,14 @@ class PromptSource:
     format: Literal["auto", "sharegpt", "messages", "turns", "alpaca", "prompt"] = doc("auto", "chat format of the rows")
     columns: dict[str, str] = doc({}, "column renames, e.g. {conversations: dialog}")
     limit: int | None = doc(None, "use at most this many rows of the source")
+    temperature: float = doc(1.0, "'self' only: sampling temperature of the prompts the target writes")
+    max_tokens: int = doc(128, "'self' only: longest prompt the target writes, in tokens (longer ones are dropped)")
 
     def __post_init__(self):
         check(self.weight > 0, f"data.prompts: weight must be positive, got {self.weight}")
         check(self.limit is None or self.limit > 0, f"data.prompts: limit must be positive, got {self.limit}")
+        check(self.temperature > 0, f"data.prompts: temperature must be > 0 (greedy would write one prompt over and over), got {self.temperature}")
+        check(self.max_tokens > 0, f"data.prompts: max_tokens must be positive, got {self.max_tokens}")
 
 
 @dataclass
@@ -71,6 +75,7 @@ class DataConfig:
     top_p: float = doc(1.0, "nucleus sampling threshold")
     seed: int = doc(0, "sampling and mixing seed")
     batch_size: int = doc(16, "prompts generated together")
+    shard_size: int = doc(256, "prompts per saved shard: the unit of resuming after a kill")
     backend: Literal["local", "openai"] = doc("local", "'local': this process runs the target; 'openai': an OpenAI-compatible server")
     openai_url: str | None = doc(None, "base URL of the OpenAI-compatible server, e.g. http://host:8000/v1")
     openai_model: str | None = doc(None, "model name on that server (default target.name)")
@@ -79,7 +84,7 @@ class DataConfig:
 
     def __post_init__(self):
         check(len(self.prompts) > 0, "data.prompts is empty; add at least one source, e.g. [{source: self}]")
-        for name in ("num_prompts", "max_new_tokens", "max_length", "batch_size", "concurrency"):
+        for name in ("num_prompts", "max_new_tokens", "max_length", "batch_size", "shard_size", "concurrency"):
             check(getattr(self, name) > 0, f"data.{name} must be positive, got {getattr(self, name)}")
         check(self.temperature >= 0, f"data.temperature must be >= 0, got {self.temperature}")
         check(0 < self.top_p <= 1, f"data.top_p must be in (0, 1], got {self.top_p}")

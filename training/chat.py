@@ -1,0 +1,222 @@
+"""Chat rendering and loss masks for target-generated rows.
+
+A row is built turn by turn, exactly as the target saw it while answering:
+
+    ids  = render(system?, user_1, generation prompt)          mask 0
+         + tokens the target generated, end-of-turn included   mask 1
+         + template tokens between that end-of-turn and the
+           next generation prompt (user_2 and its headers)     mask 0
+         + tokens the target generated for turn 2              mask 1 ...
+
+The template pieces between turns are found by rendering conversation prefixes with
+the tokenizer's own chat template and diffing their token ids, so no template is
+special-cased. The generated tokens are kept as generated (not re-tokenized from text),
+so every trained token is exactly what the target produced after exactly its left context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from draftheads.errors import DraftheadsError
+
+# Plain ASCII without edge whitespace, so templates that trim or escape content keep it intact.
+SENTINEL = "DraftheadsSentinel7f3a"
+
+
+def render_text(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
+    """The chat template applied to `messages`, as text; template errors become one-line errors."""
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    except DraftheadsError:
+        raise
+    except Exception as e:  # jinja raises its own error types, including the template's raise_exception()
+        raise DraftheadsError(f"the chat template failed on a conversation: {str(e).splitlines()[0][:200]}") from None
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    # The template writes BOS itself where the family wants one; don't add a second.
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def render_ids(tokenizer, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    return encode(tokenizer, render_text(tokenizer, messages, add_generation_prompt))
+
+
+def special_ids(tokenizer) -> set[int]:
+    """Ids of all special and added tokens (templates' markers are usually added tokens)."""
+    ids = set(tokenizer.all_special_ids)
+    ids.update(getattr(tokenizer, "added_tokens_decoder", {}).keys())
+    return ids
+
+
+def end_of_turn_id(tokenizer) -> int | None:
+    """The token the template writes right after an assistant message's content, if it is special.
+
+    ChatML: <|im_end|>; Llama-3: <|eot_id|>; templates that close a turn with plain text: None.
+    """
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": SENTINEL}]
+    text = render_text(tokenizer, messages, add_generation_prompt=False)
+    if SENTINEL not in text:
+        return None
+    cut = text.index(SENTINEL) + len(SENTINEL)
+    head, full = encode(tokenizer, text[:cut]), encode(tokenizer, text)
+    if len(full) <= len(head) or full[: len(head)] != head:
+        return None
+    token = full[len(head)]
+    return token if token in special_ids(tokenizer) else None
+
+
+def stop_token_ids(tokenizer, generation_config=None) -> list[int]:
+    """Tokens that end a response: EOS, the template's end-of-turn, the model's generation-config EOS."""
+    stops = []
+    for token in (tokenizer.eos_token_id, end_of_turn_id(tokenizer)):
+        if token is not None:
+            stops.append(token)
+    extra = getattr(generation_config, "eos_token_id", None) if generation_config is not None else None
+    stops.extend([extra] if isinstance(extra, int) else list(extra or []))
+    return sorted(set(stops))
+
+
+def user_turn_prefix(tokenizer, system: str | None = None) -> list[int]:
+    """Ids of the template up to where a user's words start (Magpie): e.g. '<|im_start|>user\\n'."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": SENTINEL}]
+    text = render_text(tokenizer, messages, add_generation_prompt=False)
+    if SENTINEL not in text:
+        raise DraftheadsError("the chat template drops the user's message; check target.chat_template")
+    return encode(tokenizer, text[: text.index(SENTINEL)])
+
+
+@dataclass
+class Chat:
+    """A conversation being replayed: the target answers each user turn in order.
+
+    `input_ids`/`loss_mask` grow as turns are answered; `done` once every user turn is
+    answered or the conversation had to stop early (`stopped` says why).
+    """
+
+    prompt_id: int
+    users: list[str]
+    system: str | None = None
+    messages: list[dict] = field(default_factory=list)
+    input_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    answered: int = 0
+    done: bool = False
+    stopped: str | None = None
+    truncated: bool = False
+    cut: int = 0  # replies that ran out of tokens before the end-of-turn token
+
+
+def first_messages(users: list[str], system: str | None) -> list[dict]:
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": users[0]}]
+
+
+def start_chat(tokenizer, prompt_id: int, users: list[str], system: str | None, max_length: int,
+               truncate: bool = False, room: int = 1) -> Chat:
+    """The first turn's prompt. One with no room left to answer in max_length is stopped (counted as
+    skipped), or with `truncate`, its user message is cut to leave `room` tokens for the answer."""
+    chat = Chat(prompt_id=prompt_id, users=list(users), system=system)
+    chat.messages = first_messages(users, system)
+    ids = render_ids(tokenizer, chat.messages, add_generation_prompt=True)
+    if len(ids) + 1 > max_length:
+        if not truncate:
+            chat.done, chat.stopped = True, "prompt longer than max_length"
+            return chat
+        ids = _truncate_user(tokenizer, chat, max_length - room)
+        if ids is None:
+            chat.done, chat.stopped = True, "prompt longer than max_length even when truncated"
+            return chat
+        chat.truncated = True
+    chat.input_ids, chat.loss_mask = ids, [0] * len(ids)
+    return chat
+
+
+def _truncate_user(tokenizer, chat: Chat, limit: int) -> list[int] | None:
+    """Cut the user's message from the end until the rendered prompt has at most `limit` tokens."""
+    words = encode(tokenizer, chat.users[0])
+    keep = len(words)
+    while keep > 0:
+        over = len(render_ids(tokenizer, first_messages([tokenizer.decode(words[:keep])], chat.system), True)) - limit
+        if over <= 0:
+            chat.users[0] = tokenizer.decode(words[:keep])
+            chat.messages = first_messages(chat.users, chat.system)
+            return render_ids(tokenizer, chat.messages, add_generation_prompt=True)
+        keep -= max(over, 1)  # re-tokenising after a cut can shift a token or two; step again
+    return None
+
+
+def add_reply(tokenizer, chat: Chat, reply_ids: list[int], stop_ids, max_length: int) -> None:
+    """Append the target's reply (mask 1) and, if a user turn follows, the template up to its answer (mask 0).
+
+    `reply_ids` are exactly the generated tokens, ending in a stop token when the target
+    finished its turn; a reply cut by max_new_tokens/max_length ends the conversation.
+    """
+    stops = set(stop_ids)
+    chat.input_ids += list(reply_ids)
+    chat.loss_mask += [1] * len(reply_ids)
+    chat.answered += 1
+    finished = bool(reply_ids) and reply_ids[-1] in stops
+    chat.cut += not finished
+    content = reply_ids[:-1] if finished else reply_ids
+    chat.messages.append({"role": "assistant", "content": tokenizer.decode(content, skip_special_tokens=True)})
+    if chat.answered == len(chat.users):
+        chat.done = True
+        return
+    if not finished:
+        chat.done, chat.stopped = True, "later turns dropped: reply cut before end of turn"
+        return
+    delta = next_turn_ids(tokenizer, chat.messages, chat.users[chat.answered], end_of_turn_id(tokenizer))
+    if delta is None:
+        chat.done, chat.stopped = True, "later turns dropped: chat template is not incremental"
+    elif len(chat.input_ids) + len(delta) + 1 > max_length:
+        chat.done, chat.stopped = True, "later turns dropped: over max_length"
+    else:
+        chat.messages.append({"role": "user", "content": chat.users[chat.answered]})
+        chat.input_ids += delta
+        chat.loss_mask += [0] * len(delta)
+
+
+def next_turn_ids(tokenizer, messages: list[dict], user: str, end_id: int | None) -> list[int] | None:
+    """Template ids after the last assistant turn's end token up to the next generation prompt.
+
+    Renders the conversation before the reply (P), with the reply closed (C), and with the
+    next user turn opened (N); the reply ends at the first end-of-turn `end_id` in C after P
+    (its content was decoded without special tokens, so none hides inside), and N must share
+    C's ids up to there. None when the template does not render prefixes stably.
+    """
+    before = render_ids(tokenizer, messages[:-1], add_generation_prompt=True)
+    closed = render_ids(tokenizer, messages, add_generation_prompt=False)
+    following = render_ids(tokenizer, messages + [{"role": "user", "content": user}], add_generation_prompt=True)
+    if closed[: len(before)] != before:
+        return None
+    end = next((i for i in range(len(before), len(closed)) if closed[i] == end_id), None)
+    if end is None:
+        # The template closes turns with text, not a special token: diff the whole render.
+        return following[len(closed):] if following[: len(closed)] == closed else None
+    if following[: end + 1] != closed[: end + 1]:
+        return None
+    return following[end + 1:]
+
+
+def build_row(tokenizer, users: list[str], replies: list[list[int]], system: str | None = None,
+              max_length: int = 1 << 30, stop_ids=None) -> Chat:
+    """Replay a whole conversation with given reply ids (tests, the openai backend)."""
+    stop_ids = stop_token_ids(tokenizer) if stop_ids is None else stop_ids
+    chat = start_chat(tokenizer, 0, users, system, max_length)
+    for reply in replies:
+        if chat.done:
+            break
+        add_reply(tokenizer, chat, reply, stop_ids, max_length)
+    return chat
+
+
+def show_mask(tokenizer, input_ids: list[int], loss_mask: list[int]) -> str:
+    """The row as text with the tokens that are NOT trained on (mask 0) in [brackets]."""
+    pieces, start = [], 0
+    for i in range(1, len(input_ids) + 1):
+        if i == len(input_ids) or loss_mask[i] != loss_mask[start]:
+            text = tokenizer.decode(input_ids[start:i], skip_special_tokens=False)
+            pieces.append(f"[{text}]" if loss_mask[start] == 0 else text)
+            start = i
+    return "".join(pieces)

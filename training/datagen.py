@@ -1,0 +1,175 @@
+"""`draftheads data RECIPE`: prompts in, the frozen target's own responses out, as a `datasets` folder.
+
+    run_data(recipe)                       # -> data/<name>/ (load_from_disk-able)
+    run_data(recipe, target=(model, tok))  # tests pass a fixture target
+
+The folder holds the dataset (input_ids, loss_mask, prompt_id), `prompts.jsonl`, and
+`draftheads_data.json` (recipe hash, source and generation settings, summary). Work is
+saved in shards of `data.shard_size` prompts, each written to a temp folder and renamed
+when complete, so a run killed at any point resumes where it stopped and ends with the
+rows an uninterrupted run gives. Under `accelerate launch`, process r answers shards
+r, r+N, ... and the main process merges them.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from draftheads.errors import DraftheadsError
+from draftheads.training import datastore
+from draftheads.training.chat import show_mask, start_chat
+from draftheads.training.prompts import collect_prompts, read_prompts, save_prompts
+
+PROMPTS = "prompts.jsonl"
+
+
+@dataclasses.dataclass
+class Processes:
+    """This process's place among the data-generation processes (one, unless under accelerate launch)."""
+
+    index: int = 0
+    count: int = 1
+    state: object = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.index == 0
+
+    def wait(self) -> None:
+        if self.state is not None:
+            self.state.wait_for_everyone()
+
+
+def processes() -> Processes:
+    # Only touch accelerate's global state when launched distributed: tests and plain runs stay free of it.
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return Processes()
+    from accelerate import PartialState
+
+    state = PartialState()
+    return Processes(state.process_index, state.num_processes, state)
+
+
+def run_data(recipe, *, overwrite: bool = False, dry_run: bool = False, target=None) -> Path:
+    """Generate the recipe's dataset into recipe.data_dir (or print 3 examples with dry_run)."""
+    if dry_run:
+        print_examples(recipe, target)
+        return recipe.data_dir
+    out, procs = recipe.data_dir, processes()
+    if procs.is_main:
+        datastore.prepare_folder(out, recipe, overwrite)
+    procs.wait()
+    if datastore.is_complete(out):
+        if procs.is_main:
+            datastore.print_summary(out)
+        return out
+    backend, tokenizer = make_backend(recipe, target, procs)
+    prompts, skipped = ensure_prompts(out, recipe.data, backend, procs)
+    chats, plan_skips = plan_chats(prompts, tokenizer, recipe.data)
+    skipped.update(plan_skips)
+    if not chats:
+        reasons = "; ".join(f"{n} {r}" for r, n in skipped.items())
+        raise DraftheadsError(f"no prompt left to answer ({reasons}); raise data.max_length or set data.truncate=true")
+    shards = datastore.split_shards(chats, recipe.data.shard_size)
+    generate_shards(out, shards, backend, recipe.data, procs)
+    procs.wait()
+    if procs.is_main:
+        datastore.merge(out, len(shards), recipe, skipped, len(prompts))
+        datastore.print_summary(out)
+    procs.wait()
+    return out
+
+
+def make_backend(recipe, target, procs: Processes):
+    """(backend, tokenizer): the local target, or the OpenAI-compatible server with the target's tokenizer."""
+    if recipe.data.backend == "openai":
+        from draftheads.training.openai_backend import OpenAIBackend, load_tokenizer
+
+        tokenizer = target[1] if target is not None else load_tokenizer(recipe.target)
+        return OpenAIBackend(tokenizer, recipe.data, model=recipe.data.openai_model or recipe.target.name), tokenizer
+    from draftheads.training.batch_generate import LocalBackend
+    from draftheads.training.target import attach_chat_template, load_target
+
+    if target is None:
+        t = recipe.target
+        device = t.device
+        if procs.count > 1 and device in ("auto", "cuda"):
+            device = str(procs.state.device)  # one GPU per process
+        target = load_target(t.name, dtype=t.dtype, device=device, revision=t.revision, trust_remote_code=t.trust_remote_code,
+                             chat_template=t.chat_template, attn_implementation=t.attn_implementation)
+    model, tokenizer = target
+    attach_chat_template(tokenizer, recipe.target.chat_template, recipe.target.name)
+    return LocalBackend(model, tokenizer, recipe.data), tokenizer
+
+
+def ensure_prompts(out: Path, data, backend, procs: Processes):
+    """The run's prompts: read back from the folder, else collected (self prompts written) once by the main process."""
+    path = out / PROMPTS
+    skipped = collections.Counter()
+    if procs.is_main and not path.exists():
+        prompts, skipped = collect_prompts(data, write=backend.write)
+        save_prompts(path, prompts)
+        datastore.update_meta(out, prompt_skips=dict(skipped))
+    procs.wait()
+    skipped = collections.Counter(datastore.read_meta(out).get("prompt_skips", {}))
+    return read_prompts(path), skipped
+
+
+def plan_chats(prompts, tokenizer, data) -> tuple[list, collections.Counter]:
+    """First-turn chats sorted by prompt length (less padding); prompts that cannot fit are counted out."""
+    chats, skipped = [], collections.Counter()
+    room = min(data.max_new_tokens, data.max_length // 2)
+    for i, prompt in enumerate(prompts):
+        system = data.system_prompt if data.system_prompt is not None else prompt.system
+        chat = start_chat(tokenizer, i, prompt.turns, system, data.max_length, data.truncate, room)
+        if chat.stopped:
+            skipped[chat.stopped] += 1
+        else:
+            chats.append(chat)
+    chats.sort(key=lambda c: (len(c.input_ids), c.prompt_id))
+    return chats, skipped
+
+
+def generate_shards(out: Path, shards: list[list], backend, data, procs: Processes) -> None:
+    """Answer and save every shard of this process that is not on disk yet."""
+    from tqdm.auto import tqdm
+
+    mine = [i for i in range(len(shards)) if i % procs.count == procs.index and not datastore.shard_done(out, i)]
+    total = sum(len(shards[i]) for i in mine)
+    bar = tqdm(total=total, unit="prompt", desc="draftheads data", disable=not procs.is_main or total == 0, mininterval=1.0)
+    done_tokens, started = 0, time.perf_counter()
+
+    def on_batch(group, tokens):
+        nonlocal done_tokens
+        done_tokens += tokens
+        bar.update(sum(1 for c in group if c.done))
+        bar.set_postfix(tok_s=f"{done_tokens / max(time.perf_counter() - started, 1e-9):.0f}", refresh=False)
+
+    for i in mine:
+        t0 = time.perf_counter()
+        # Seeded per shard, so a resumed run draws exactly what the uninterrupted run drew.
+        backend.answer(shards[i], seed=data.seed * 1_000_003 + i, on_batch=on_batch)
+        datastore.write_shard(out, i, shards[i], seconds=time.perf_counter() - t0)
+    bar.close()
+
+
+def print_examples(recipe, target, count: int = 3) -> None:
+    """Dry run: answer `count` prompts and print them with the untrained tokens in [brackets]."""
+    data = dataclasses.replace(recipe.data, num_prompts=count)
+    backend, tokenizer = make_backend(recipe, target, Processes())
+    prompts, _ = collect_prompts(data, write=backend.write)
+    chats, skipped = plan_chats(prompts, tokenizer, data)
+    backend.answer(chats, seed=data.seed)
+    print(f"dry run: {len(chats)} example(s) from {recipe.name}; tokens NOT trained on are in [brackets]")
+    for chat in sorted(chats, key=lambda c: c.prompt_id):
+        trained = sum(chat.loss_mask)
+        print(f"\n--- example {chat.prompt_id}: {len(chat.input_ids)} tokens, {trained} trained ---")
+        print(show_mask(tokenizer, chat.input_ids, chat.loss_mask))
+    for reason, n in skipped.items():
+        print(f"(skipped {n}: {reason})")

@@ -1,0 +1,192 @@
+"""The data folder on disk: identity (recipe hash), completed shards, the merged dataset, the summary.
+
+    data/<name>/
+        draftheads_data.json       recipe hash, target + data settings, summary, complete flag
+        prompts.jsonl              the prompts, fixed once (ids = line numbers)
+        shards/shard_000003/       one finished shard (datasets folder + stats.json); renamed in when complete
+        data-*.arrow, state.json   the merged dataset (datasets.load_from_disk(folder))
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from draftheads.config import to_dict
+from draftheads.errors import DraftheadsError
+
+META = "draftheads_data.json"
+SHARDS = "shards"
+# Settings that change no row: a run may resume with a different batch size or server address.
+NOT_HASHED = ("output", "batch_size", "concurrency", "max_retries", "openai_url")
+
+
+def recipe_hash(recipe) -> str:
+    """Hash of every setting that changes the rows (target identity and the data section)."""
+    data = {k: v for k, v in to_dict(recipe.data).items() if k not in NOT_HASHED}
+    target = {k: getattr(recipe.target, k) for k in ("name", "revision", "dtype", "chat_template")}
+    text = json.dumps({"target": target, "data": data}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def read_meta(out: Path) -> dict:
+    path = Path(out) / META
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def write_meta(out: Path, meta: dict) -> None:
+    tmp = Path(out) / (META + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True))
+    tmp.replace(Path(out) / META)  # atomic: never a half-written identity file
+
+
+def update_meta(out: Path, **changes) -> None:
+    write_meta(out, {**read_meta(out), **changes})
+
+
+def is_complete(out: Path) -> bool:
+    return bool(read_meta(out).get("complete"))
+
+
+def prepare_folder(out: Path, recipe, overwrite: bool) -> None:
+    """Create the folder, or accept it for resuming; refuse a folder holding anything else."""
+    out, key = Path(out), recipe_hash(recipe)
+    if out.exists() and not out.is_dir():
+        raise DraftheadsError(f"data output '{out}' is a file; set data.output to a folder")
+    if out.exists() and any(out.iterdir()):
+        old = read_meta(out)
+        if not old:
+            raise DraftheadsError(f"data output '{out}' is not empty and was not written by draftheads data; "
+                                  "set data.output to another folder or empty it")
+        if old.get("recipe_hash") == key and not overwrite:
+            remove_partial(out)
+            return
+        if not overwrite:
+            raise DraftheadsError(f"'{out}' holds data from a different recipe (hash {old.get('recipe_hash')}, now {key}); "
+                                  "rerun with --overwrite to replace it, or set data.output to another folder")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_meta(out, {"recipe_hash": key, "complete": False, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+                     "target": to_dict(recipe.target), "data": to_dict(recipe.data)})
+
+
+def remove_partial(out: Path) -> None:
+    """Temp folders of shards that a killed run was writing."""
+    for tmp in (Path(out) / SHARDS).glob(".tmp-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def shard_path(out: Path, index: int) -> Path:
+    return Path(out) / SHARDS / f"shard_{index:06d}"
+
+
+def shard_done(out: Path, index: int) -> bool:
+    return shard_path(out, index).is_dir()
+
+
+def split_shards(chats: list, size: int) -> list[list]:
+    return [chats[i:i + size] for i in range(0, len(chats), size)]
+
+
+def features():
+    import datasets
+
+    return datasets.Features({
+        "input_ids": datasets.List(datasets.Value("int32")),
+        "loss_mask": datasets.List(datasets.Value("int8")),
+        "prompt_id": datasets.Value("int64"),
+    })
+
+
+@contextlib.contextmanager
+def quiet_datasets():
+    """datasets draws a progress bar per save; ours is the one that matters."""
+    import datasets
+
+    was_disabled = datasets.is_progress_bar_enabled() is False
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not was_disabled:
+            datasets.enable_progress_bars()
+
+
+def shard_stats(chats: list, seconds: float) -> dict:
+    kept = [c for c in chats if c.answered > 0]
+    stopped = collections.Counter(c.stopped for c in kept if c.stopped)
+    return {
+        "rows": len(kept), "tokens": sum(len(c.input_ids) for c in kept),
+        "generated_tokens": sum(sum(c.loss_mask) for c in kept), "responses": sum(c.answered for c in kept),
+        "cut_responses": sum(c.cut for c in kept), "truncated_prompts": sum(c.truncated for c in kept),
+        "stopped": dict(stopped), "seconds": seconds,
+    }
+
+
+def write_shard(out: Path, index: int, chats: list, seconds: float) -> None:
+    """Save a finished shard atomically: written to a temp folder, then renamed into place."""
+    import datasets
+
+    kept = [c for c in chats if c.answered > 0]
+    rows = {"input_ids": [c.input_ids for c in kept], "loss_mask": [c.loss_mask for c in kept],
+            "prompt_id": [c.prompt_id for c in kept]}
+    final = shard_path(out, index)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    with quiet_datasets():
+        datasets.Dataset.from_dict(rows, features=features()).save_to_disk(str(tmp))
+    (tmp / "stats.json").write_text(json.dumps(shard_stats(chats, seconds)))
+    os.replace(tmp, final)
+
+
+def merge(out: Path, count: int, recipe, skipped: collections.Counter, num_prompts: int) -> None:
+    """Join the shards in prompt order into the folder's dataset, write the summary, mark complete."""
+    import datasets
+
+    missing = [i for i in range(count) if not shard_done(out, i)]
+    if missing:
+        raise DraftheadsError(f"shards {missing[:5]} of '{out}' are missing; rerun the same command to finish them")
+    with quiet_datasets():
+        parts = [datasets.load_from_disk(str(shard_path(out, i))) for i in range(count)]
+        table = datasets.concatenate_datasets(parts) if parts else datasets.Dataset.from_dict(
+            {"input_ids": [], "loss_mask": [], "prompt_id": []}, features=features())
+        ids = table["prompt_id"]
+        table = table.select(sorted(range(len(ids)), key=ids.__getitem__))
+        table.save_to_disk(str(out))
+    stats = [json.loads((shard_path(out, i) / "stats.json").read_text()) for i in range(count)]
+    update_meta(out, complete=True, summary=summarise(stats, skipped, num_prompts))
+    shutil.rmtree(Path(out) / SHARDS, ignore_errors=True)
+
+
+def summarise(stats: list[dict], skipped: collections.Counter, num_prompts: int) -> dict:
+    total = collections.Counter()
+    dropped = collections.Counter(skipped)
+    for s in stats:
+        total.update({k: v for k, v in s.items() if isinstance(v, (int, float))})
+        dropped.update(s["stopped"])
+    if total["cut_responses"]:
+        dropped["responses cut at max_new_tokens/max_length (kept, no end-of-turn)"] += total["cut_responses"]
+    if total["truncated_prompts"]:
+        dropped["prompts truncated to fit max_length (kept)"] += total["truncated_prompts"]
+    return {
+        "prompts": num_prompts, "rows": total["rows"], "tokens": total["tokens"],
+        "generated_tokens": total["generated_tokens"], "responses": total["responses"],
+        "mean_response_tokens": total["generated_tokens"] / max(total["responses"], 1),
+        "tokens_per_second": total["generated_tokens"] / max(total["seconds"], 1e-9),
+        "generation_seconds": total["seconds"], "dropped": dict(dropped),
+    }
+
+
+def print_summary(out: Path) -> None:
+    s = read_meta(out).get("summary", {})
+    print(f"draftheads data: {s.get('rows', 0)} rows from {s.get('prompts', 0)} prompts, {s.get('tokens', 0)} tokens "
+          f"({s.get('generated_tokens', 0)} generated), mean response {s.get('mean_response_tokens', 0):.1f} tokens")
+    print(f"  generation: {s.get('tokens_per_second', 0):.1f} tokens/s over {s.get('generation_seconds', 0):.1f} s")
+    for reason, n in sorted(s.get("dropped", {}).items(), key=lambda kv: -kv[1]):
+        print(f"  dropped/noted: {n} {reason}")
+    print(f"  -> {out}")
