@@ -1,0 +1,77 @@
+"""A learned drafter plus prompt lookup: the lookup chain grafted onto the learned tree as an extra branch.
+
+Each step the learned drafter proposes its tree (top-k children, deterministic), and the prompt-lookup
+drafter's best continuation (longest n-gram match, most recent) is walked down from the root: while its
+tokens equal a learned node's they share that node, and from the first token the learned tree lacks it
+continues as a new branch (the next free sibling rank). The target then verifies both in one forward
+and the acceptance rule keeps whichever path is better, so neither source is ever chosen up front.
+Copying from the prompt is where learned heads are weakest (long verbatim spans, code identifiers), so
+the two complement each other.
+
+Children are always deterministic (Proposal.q is None): the learned drafter is asked for its top-k
+(generator=None) so that every rule, strict sampling included, treats all drafts as point masses and
+stays exact.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftheads.errors import DraftheadsError
+from draftheads.inference.drafter import Proposal
+from draftheads.inference.lookup import PromptLookupDrafter
+from draftheads.inference.tree import Tree
+
+
+def graft(tree: Tree, tokens: list[int], chain: list[int]) -> tuple[Tree, list[int]]:
+    """The tree with `chain` (tokens below the root) merged in; tokens [N'] per node of the new tree.
+
+    tokens: [N] token of each node of `tree` (node 0 = root). Shared prefixes are not duplicated.
+    """
+    by_path = {(): tokens[0]}
+    by_path.update({path: tokens[i] for i, path in enumerate(tree.paths, start=1)})
+    kids: dict[tuple[int, ...], dict[int, int]] = {}  # path -> {token: rank} of existing children
+    for path in tree.paths:
+        kids.setdefault(path[:-1], {}).setdefault(by_path[path], path[-1])
+    path: tuple[int, ...] = ()
+    for token in chain:
+        ranks = kids.setdefault(path, {})
+        if token not in ranks:
+            # one past the largest rank in use, so the new branch never takes an existing path
+            ranks[token] = 1 + max((p[-1] for p in by_path if len(p) == len(path) + 1 and p[:-1] == path), default=-1)
+        path = path + (ranks[token],)
+        by_path[path] = token
+    merged = Tree.from_paths([p for p in by_path if p])
+    return merged, [by_path[()]] + [by_path[p] for p in merged.paths]
+
+
+class CombinedDrafter:
+    """Learned drafter + prompt lookup (batch 1): the learned tree with the lookup chain as an extra branch."""
+
+    def __init__(self, learned, lookup: PromptLookupDrafter | None = None, lookup_depth: int = 6):
+        self.learned = learned
+        self.lookup = lookup or PromptLookupDrafter()
+        self.lookup_depth = lookup_depth
+        self.feature_layers = tuple(learned.feature_layers)
+        self.config = getattr(learned, "config", None)
+
+    def reset(self) -> None:
+        self.learned.reset()
+        self.lookup.reset()
+
+    def observe(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        self.learned.observe(features, next_tokens)
+        self.lookup.observe(features, next_tokens)
+
+    def default_tree(self):
+        return self.learned.default_tree()
+
+    def propose(self, tree, *, temperature=0.0, top_k=0, top_p=1.0, generator=None) -> Proposal:
+        base = self.learned.propose(tree, temperature=temperature, top_k=top_k, top_p=top_p, generator=None)
+        if base.tokens.shape[0] != 1:
+            raise DraftheadsError("the combined learned + lookup drafter drafts one sequence at a time (batch 1)")
+        found = self.lookup.continuations(self.lookup.history[0], self.lookup_depth)
+        if not found:
+            return Proposal(base.tree, base.tokens)
+        merged, tokens = graft(base.tree, base.tokens[0].tolist(), found[0])
+        return Proposal(merged, torch.tensor([tokens], dtype=torch.long, device=base.tokens.device))

@@ -1,0 +1,290 @@
+"""`draftheads eval`: acceptance and real speedup of drafters against plain decoding of the same target.
+
+    folder = run_eval(["runs/eagle-smollm2"], prompts="humaneval", limit=20, accept=["greedy", "strict"],
+                      temperatures=[0.0, 0.7])          # -> folder with report.json, report.md, *.png
+
+Drafter specs: a drafter or run folder (a learned drafter); 'lookup' (prompt lookup, which is always
+measured anyway as the no-training baseline); 'FOLDER+lookup' (that drafter combined with prompt
+lookup, see inference/combined.py; `combined=True` adds one for every learned drafter).
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+from pathlib import Path
+
+import torch
+
+from draftheads.errors import DraftheadsError
+from draftheads.inference.combined import CombinedDrafter
+from draftheads.inference.lookup import PromptLookupDrafter
+from draftheads.inference.measure import (Conversation, Entry, Measurements, RunConfig, Settings, first_chat, measure,
+                                          plan_configs)
+from draftheads.inference.report import describe_tree, environment, format_table, now, summarise, tree_depth, write_report
+from draftheads.inference.stats import GenerationStats
+from draftheads.inference.tree import DynamicTreeSpec, Tree, parse_tree
+
+LOOKUP_NAMES = ("lookup", "prompt-lookup")
+
+
+def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "humaneval", limit: int | None = None,
+             accept: list[str] = ("greedy",), temperatures: list[float] = (0.0,), tree: str | None = None,
+             max_new_tokens: int = 128, dtype: str = "auto", out: str | None = None, target_model=None,
+             combined: bool = False, seed: int = 0, top_k: int = 0, top_p: float = 1.0, typical_epsilon: float = 0.09,
+             typical_delta: float = 0.3, progress: bool = True) -> Path:
+    """Measure every drafter x rule x temperature on the prompts; write and print the report; return its folder.
+
+    target_model: (model, tokenizer) to use instead of loading `target` (tests, the demo).
+    """
+    check_settings(accept, temperatures, max_new_tokens, limit)
+    model, tokenizer, target_info = load_eval_target(target, dtype, drafters, target_model)
+    entries = build_entries(drafters, model, tree, combined)
+    configs = plan_configs(accept, temperatures)
+    settings = make_settings(model, tokenizer, entries, max_new_tokens, seed, top_k, top_p, typical_epsilon, typical_delta)
+    conversations, skipped = load_conversations(prompts, limit, tokenizer, settings)
+    print(f"draftheads eval: {len(conversations)} prompts from {prompts}, {len(entries)} drafters "
+          f"({', '.join(e.name for e in entries)}), {len(configs)} rule/temperature settings, target {target_info['name']} "
+          f"in {target_info['dtype']}", flush=True)
+    found = measure(model, tokenizer, conversations, entries, configs, settings, progress)
+    rows = build_rows(found, entries, configs, conversations)
+    folder = report_folder(out, drafters)
+    report = {
+        "created": now(), "settings": {
+            "drafters": list(drafters), "prompts": prompts, "limit": limit, "accept": list(accept),
+            "temperatures": [float(t) for t in temperatures], "tree": tree, "max_new_tokens": max_new_tokens,
+            "dtype": target_info["dtype"], "seed": seed, "top_k": top_k, "top_p": top_p, "combined": combined,
+            "typical_epsilon": typical_epsilon, "typical_delta": typical_delta, "stop_ids": settings.stop_ids,
+        },
+        "target": target_info, "environment": environment(), "drafters": [entry_info(e) for e in entries],
+        "prompt_count": len(conversations), "prompts_skipped": sum(skipped.values()), "skipped_reasons": skipped,
+        "plain": {f"{'greedy' if key == 0 else f'T={key:g}'}": GenerationStats.merged(o.stats for o in runs).summary()
+                  for key, runs in found.plain.items()},
+        "results": rows,
+    }
+    from draftheads.inference.plots import write_plots
+
+    report["plots"] = write_plots(folder, rows) if rows else []
+    write_report(folder, report)
+    print(format_table(rows))
+    print(f"draftheads eval: report in {folder}/report.md (tau includes the bonus token)", flush=True)
+    return folder
+
+
+def check_settings(accept, temperatures, max_new_tokens: int, limit) -> None:
+    from draftheads.inference.accept import RULES
+
+    for rule in accept:
+        if rule not in RULES:
+            raise DraftheadsError(f"unknown acceptance rule '{rule}'; use greedy, strict or typical (comma-separated)")
+    if not accept or not temperatures:
+        raise DraftheadsError("give at least one acceptance rule and one temperature")
+    if any(t < 0 for t in temperatures):
+        raise DraftheadsError(f"temperatures must be >= 0, got {list(temperatures)}")
+    if max_new_tokens < 1 or (limit is not None and limit < 1):
+        raise DraftheadsError("max_new_tokens and limit must be positive")
+
+
+# ---------------------------------------------------------------- target and drafters
+
+
+def load_eval_target(spec: str | None, dtype: str, drafters: list[str], target_model=None):
+    """(model, tokenizer, info): the given pair, or `spec`, or the target the first learned drafter names."""
+    if target_model is not None:
+        model, tokenizer = target_model
+        name = spec or getattr(model, "name_or_path", None) or type(model).__name__
+    else:
+        from draftheads.training.target import load_target
+
+        name = spec or saved_target_name(drafters) or "smollm2-135m"
+        model, tokenizer = load_target(name, dtype=dtype)
+    from draftheads.heads.common import target_summary
+    from draftheads.training.hardware import dtype_name
+
+    info = {**target_summary(model), "name": str(name), "dtype": dtype_name(model.dtype), "device": str(model.device),
+            "attn_implementation": getattr(model.config, "_attn_implementation", None)}
+    return model, tokenizer, info
+
+
+def saved_target_name(drafters: list[str]) -> str | None:
+    """The target a learned drafter was trained for, from its config.json."""
+    from draftheads.heads.native import CONFIG, resolve_drafter_folder
+
+    for spec in drafters:
+        path = spec.removesuffix("+lookup")
+        if path in LOOKUP_NAMES:
+            continue
+        saved = json.loads((resolve_drafter_folder(path) / CONFIG).read_text()).get("target") or {}
+        if saved.get("name"):
+            return saved["name"]
+    return None
+
+
+def build_entries(specs: list[str], model, tree: str | None, combined: bool) -> list[Entry]:
+    """The prompt-lookup baseline first, then each learned drafter (and its combination with lookup)."""
+    requested = parse_tree(tree) if tree not in (None, "auto") else None
+    if tree == "auto":
+        raise DraftheadsError("--tree auto is not available yet; give chain:K, dynamic:TOPK,DEPTH,TOTAL or static:PATHS")
+    lookup_tree = requested if isinstance(requested, Tree) else None
+    entries = [lookup_entry(lookup_tree)]
+    learned = {}
+    for spec in specs:
+        path, plus = (spec[: -len("+lookup")], True) if spec.endswith("+lookup") else (spec, False)
+        if path in LOOKUP_NAMES:
+            continue
+        if path not in learned:
+            learned[path] = learned_entry(path, model, requested, [e.name for e in entries])
+            entries.append(learned[path])
+        if plus or combined:
+            name = f"{learned[path].name}+lookup"
+            if name not in [e.name for e in entries]:
+                entries.append(combined_entry(learned[path], name))
+    return entries
+
+
+def lookup_entry(tree: Tree | None) -> Entry:
+    drafter = PromptLookupDrafter()
+    used = tree or drafter.default_tree()
+    return Entry("prompt-lookup", "lookup", drafter, tree, tree_depth(used),
+                 {"tree": describe_tree(used), "max_ngram": drafter.max_ngram, "min_ngram": drafter.min_ngram})
+
+
+def learned_entry(path: str, model, tree, taken: list[str]) -> Entry:
+    from draftheads.api import load_drafter
+    from draftheads.config import to_dict
+    from draftheads.heads.native import resolve_drafter_folder
+
+    folder = resolve_drafter_folder(path)
+    drafter = load_drafter(folder, model)
+    used = tree or drafter.default_tree()
+    if isinstance(used, DynamicTreeSpec) and drafter.config.type == "medusa":
+        raise DraftheadsError(f"{path}: Medusa heads draft static trees; give --tree chain:K or static:PATHS, not dynamic")
+    name = drafter_name(folder)
+    while name in taken:
+        name += "'"
+    info = {"path": str(path), "folder": str(folder), "type": drafter.config.type, "head": to_dict(drafter.config),
+            "tree": describe_tree(used), "recipe": run_recipe(folder)}
+    return Entry(name, "learned", drafter, tree, tree_depth(used), info)
+
+
+def combined_entry(learned: Entry, name: str) -> Entry:
+    drafter = CombinedDrafter(learned.drafter)
+    info = {**learned.info, "combined_with": "prompt-lookup", "lookup_depth": drafter.lookup_depth,
+            "tree": f"{learned.info['tree']} + lookup chain:{drafter.lookup_depth}"}
+    return Entry(name, "combined", drafter, learned.tree, learned.depth, info)
+
+
+def drafter_name(folder: Path) -> str:
+    """The run's name for runs/<name>/final/drafter or runs/<name>/step_N/drafter, else the folder's name."""
+    parts = folder.resolve().parts
+    if len(parts) >= 3 and parts[-1] == "drafter" and (parts[-2] == "final" or parts[-2].startswith("step_")):
+        return parts[-3] if parts[-2] == "final" else f"{parts[-3]}@{parts[-2]}"
+    return folder.name
+
+
+def run_recipe(folder: Path) -> dict | None:
+    """The resolved recipe saved with the run that produced this drafter (newest checkpoint's copy)."""
+    import yaml
+
+    run = folder.resolve().parent.parent
+    copies = sorted(run.glob("step_*/recipe.yaml"))
+    return yaml.safe_load(copies[-1].read_text()) if copies else None
+
+
+def entry_info(entry: Entry) -> dict:
+    return {"name": entry.name, "kind": entry.kind, "depth": entry.depth, **entry.info}
+
+
+# ---------------------------------------------------------------- prompts
+
+
+def make_settings(model, tokenizer, entries, max_new_tokens, seed, top_k, top_p, epsilon, delta) -> Settings:
+    """Room for the longest conversation: the target's context minus the replies and the biggest draft tree."""
+    from draftheads.training.chat import stop_token_ids
+
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    context = getattr(text, "max_position_embeddings", None) or 1 << 20
+    nodes = max([tree_nodes(e) for e in entries] + [1])
+    max_length = context - nodes - 1
+    if max_length <= max_new_tokens + 1:
+        raise DraftheadsError(f"max_new_tokens {max_new_tokens} plus a {nodes}-node draft tree do not fit the target's "
+                              f"context of {context} tokens; lower max_new_tokens")
+    stops = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
+    return Settings(max_new_tokens, max_length, stops, seed, top_k, top_p, epsilon, delta)
+
+
+def tree_nodes(entry: Entry) -> int:
+    tree = entry.tree if entry.tree is not None else entry.drafter.default_tree()
+    nodes = tree.total_tokens + 1 if isinstance(tree, DynamicTreeSpec) else tree.num_nodes
+    return nodes + (entry.drafter.lookup_depth if entry.kind == "combined" else 0)
+
+
+def load_conversations(source: str, limit: int | None, tokenizer, settings: Settings):
+    """(conversations, skip reasons): prompts from humaneval / a file / a hub dataset, kept when they fit."""
+    from draftheads.recipe import PromptSource
+    from draftheads.training.prompts import load_source
+
+    found = collections.Counter()
+    prompts = load_source(PromptSource(source=source, limit=limit), found)[:limit]
+    conversations, skipped = [], dict(found)
+    for i, prompt in enumerate(prompts):
+        conv = Conversation(i, list(prompt.turns), prompt.system)
+        # Room for the first reply; later turns end the conversation early when they no longer fit.
+        chat = first_chat(tokenizer, conv, settings)
+        if chat.stopped or len(chat.input_ids) + settings.max_new_tokens > settings.max_length:
+            reason = chat.stopped or "prompt plus max_new_tokens longer than the target's context"
+            skipped[reason] = skipped.get(reason, 0) + 1
+            continue
+        conversations.append(conv)
+    if not conversations:
+        raise DraftheadsError(f"no prompt of '{source}' fits the target's context; use shorter prompts or lower max_new_tokens")
+    return conversations, skipped
+
+
+# ---------------------------------------------------------------- results
+
+
+def build_rows(found: Measurements, entries: list[Entry], configs: list[RunConfig], conversations) -> list[dict]:
+    """One summary row per drafter x config, against the plain runs of the same conversations."""
+    rows = []
+    for cfg in configs:
+        plain = found.plain[cfg.plain_key]
+        for entry in entries:
+            spec = found.spec[(entry.name, cfg)]
+            row = {"drafter": entry.name, "kind": entry.kind, "rule": cfg.rule, "temperature": cfg.temperature,
+                   "tree": entry.info["tree"]}
+            row.update(summarise(GenerationStats.merged(o.stats for o in plain),
+                                 GenerationStats.merged(o.stats for o in spec), depth=entry.depth))
+            row.update(compare_outputs(plain, spec, cfg, conversations))
+            rows.append(row)
+    return rows
+
+
+def compare_outputs(plain: list, spec: list, cfg: RunConfig, conversations) -> dict:
+    """Greedy: which prompts' outputs differ from plain decoding. Sampled: mean target log-prob per token."""
+    out = {"greedy_mismatches": None, "mismatched_prompts": [], "logprob_spec": None, "logprob_plain": None}
+    if not cfg.sampled:
+        bad = [c.prompt_id for c, a, b in zip(conversations, plain, spec) if a.tokens != b.tokens]
+        out.update(greedy_mismatches=len(bad), mismatched_prompts=bad)
+    else:
+        out["logprob_spec"] = _mean_logprob(spec)
+        out["logprob_plain"] = _mean_logprob(plain)
+    return out
+
+
+def _mean_logprob(outputs) -> float | None:
+    count = sum(o.logprob_count for o in outputs)
+    return sum(o.logprob_sum for o in outputs) / count if count else None
+
+
+def report_folder(out: str | None, drafters: list[str]) -> Path:
+    """--out, else eval-<timestamp>/ inside the first run folder given, else under runs/."""
+    if out:
+        return Path(out)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for spec in drafters:
+        path = Path(spec.removesuffix("+lookup"))
+        if path.is_dir() and (path / "final").is_dir():
+            return path / f"eval-{stamp}"
+    return Path("runs") / f"eval-{stamp}"

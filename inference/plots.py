@@ -1,0 +1,104 @@
+"""PNG plots of an evaluation report (matplotlib, Agg backend: no display needed).
+
+    names = write_plots(folder, report["results"])   # -> ["acceptance_per_depth.png", ...]
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)  # files only; never open a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def label(row: dict) -> str:
+    return f"{row['drafter']} {row['rule']} T={row['temperature']:g}"
+
+
+def plot_acceptance(rows: list[dict], path: Path) -> None:
+    """Acceptance rate per draft depth, one line per drafter/rule/temperature."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for row in rows:
+        rates = row["acceptance_rates"]
+        if rates:
+            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=label(row))
+    ax.set(xlabel="draft depth", ylabel="acceptance rate (given the depth was reached)", ylim=(0, 1.02),
+           title="Acceptance per depth")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_temperature(rows: list[dict], path: Path) -> None:
+    """tau and wall-clock speedup against temperature, one line per drafter and rule."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    series = collections.defaultdict(list)
+    for row in rows:
+        series[(row["drafter"], row["rule"])].append(row)
+    for (drafter, rule), group in series.items():
+        group.sort(key=lambda r: r["temperature"])
+        temps = [r["temperature"] for r in group]
+        left.plot(temps, [r["tau"] for r in group], marker="o", label=f"{drafter} {rule}")
+        right.plot(temps, [r["speedup"] or 0 for r in group], marker="o", label=f"{drafter} {rule}")
+    left.set(xlabel="temperature", ylabel="tau (tokens per target forward, bonus included)", title="tau vs temperature")
+    right.set(xlabel="temperature", ylabel="speedup over plain decoding (x)", title="Wall-clock speedup vs temperature")
+    right.axhline(1.0, color="grey", lw=0.8, ls="--")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_accepted_lengths(rows: list[dict], path: Path) -> None:
+    """Share of steps that accepted n drafts: one panel per rule/temperature, grouped bars per drafter."""
+    plt = _pyplot()
+    panels = collections.defaultdict(list)
+    for row in rows:
+        panels[(row["rule"], row["temperature"])].append(row)
+    cols = min(3, len(panels)) or 1
+    rows_n = -(-len(panels) // cols) or 1
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.5 * cols, 3.6 * rows_n), squeeze=False)
+    longest = max((len(r["accepted_hist"]) for r in rows), default=1)
+    for ax, ((rule, temp), group) in zip(axes.flat, panels.items()):
+        width = 0.8 / len(group)
+        for i, row in enumerate(group):
+            hist = row["accepted_hist"] + [0] * (longest - len(row["accepted_hist"]))
+            total = sum(hist) or 1
+            ax.bar([n - 0.4 + (i + 0.5) * width for n in range(longest)], [h / total for h in hist], width=width,
+                   label=row["drafter"])
+        ax.set(title=f"{rule}, T={temp:g}", xlabel="drafts accepted in a step", ylabel="share of steps", xticks=range(longest))
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+PLOTS = {
+    "acceptance_per_depth.png": plot_acceptance,
+    "tau_speedup_vs_temperature.png": plot_temperature,
+    "accepted_lengths.png": plot_accepted_lengths,
+}
+
+
+def write_plots(folder: Path, rows: list[dict]) -> list[str]:
+    """Every plot of the report into `folder`; returns the file names written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, plot in PLOTS.items():
+        plot(rows, folder / name)
+    return list(PLOTS)

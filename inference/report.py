@@ -1,0 +1,251 @@
+"""The numbers of an evaluation and the files they go into: report.json, report.md, the printed table.
+
+One result row per drafter x acceptance rule x temperature, summarised from the merged
+`GenerationStats` of its speculative runs and of the plain-decoding runs of the same prompts
+(interleaved with them, same process):
+
+    tau        tokens emitted per verification forward, the bonus token INCLUDED (plain decoding: 1.0)
+    alpha      i.i.d. acceptance estimate: accepted drafts / (accepted drafts + steps that stopped short of K)
+    K          draft depth (levels of the tree); c = draft time per level / plain decode-step time
+    predicted  (1 - alpha^(K+1)) / ((1 - alpha) (K c + 1)), the chain formula (Leviathan et al. 2023, eq. 1)
+    speedup    spec tokens/s / plain tokens/s, both end to end (prefill included)
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import math
+import os
+import platform
+from pathlib import Path
+
+from draftheads.inference.stats import GenerationStats
+from draftheads.inference.tree import DynamicTreeSpec, Tree
+
+TAU_NOTE = ("tau = mean tokens emitted per target verification forward, INCLUDING the bonus token the target "
+            "produces itself (plain decoding has tau = 1; accepted drafts per forward = tau - 1)")
+
+
+# ---------------------------------------------------------------- formulas
+
+
+def chain_speedup(alpha: float, k: int, c: float) -> float:
+    """Predicted speedup of a K-draft chain with i.i.d. acceptance alpha and draft cost c per draft token
+    (in target decode steps): (1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)). Verify cost is taken as one step."""
+    return expected_tokens(alpha, k) / (k * c + 1)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Expected tokens per forward of a K-draft chain: 1 + alpha + ... + alpha^K."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def estimate_alpha(stats: GenerationStats, depth: int) -> float:
+    """The i.i.d. per-draft acceptance rate that best explains the accepted lengths (maximum likelihood for a
+    geometric cut at K = depth): accepted drafts / (accepted drafts + steps that stopped short of K).
+
+    A step with nothing drafted (prompt lookup without a match) or whose accepted path ended at a leaf
+    above depth K counts as a stop, as the chain formula's model of always drafting K tokens demands.
+    """
+    accepted = sum(stats.step_accepted)
+    stops = sum(1 for n in stats.step_accepted if n < depth)
+    return accepted / (accepted + stops) if accepted + stops else 0.0
+
+
+def accepted_histogram(stats: GenerationStats) -> list[int]:
+    """[n]: steps that accepted exactly n drafts (before EOS / length truncation)."""
+    counts = collections.Counter(stats.step_accepted)
+    return [counts.get(n, 0) for n in range(max(counts, default=0) + 1)]
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def summarise(plain: GenerationStats, spec: GenerationStats, *, depth: int) -> dict:
+    """The comparison numbers of one drafter/rule/temperature against plain decoding of the same prompts.
+
+    depth: K, the draft levels requested per step (the tree's depth); c is per level.
+    """
+    step_s = plain.decode_s / max(1, plain.steps)          # one plain decoding forward (+ its sampling)
+    draft_per_step = spec.mean_draft_s
+    draft_cost = _ratio(draft_per_step, step_s)            # K c: drafting time of a step, in target steps
+    c = draft_cost / depth if draft_cost is not None and depth else 0.0
+    alpha = estimate_alpha(spec, depth)
+    forwards_plain, forwards_spec = plain.steps + plain.prompts, spec.steps + spec.prompts  # prefills count
+    return {
+        "prompts": spec.prompts, "new_tokens": spec.new_tokens, "steps": spec.steps,
+        "tau": spec.tau, "mean_accepted": spec.mean_accepted,
+        "acceptance_rates": spec.acceptance_rates, "drafted": list(spec.drafted), "reached": list(spec.reached),
+        "accepted": list(spec.accepted), "accepted_hist": accepted_histogram(spec),
+        "alpha": alpha, "depth": depth, "mean_nodes": sum(spec.step_nodes) / max(1, spec.steps),
+        "plain_step_s": step_s, "draft_s_per_step": draft_per_step, "verify_s_per_step": spec.mean_verify_s,
+        "c": c, "draft_cost": draft_cost, "verify_cost": _ratio(spec.mean_verify_s, step_s),
+        "forwards_plain": forwards_plain, "forwards_spec": forwards_spec,
+        "forwards_saved": 1 - forwards_spec / forwards_plain if forwards_plain else None,
+        "tokens_per_s_plain": plain.tokens_per_s, "tokens_per_s_spec": spec.tokens_per_s,
+        "speedup": _ratio(spec.tokens_per_s, plain.tokens_per_s),
+        "predicted_tau": expected_tokens(alpha, depth),
+        "predicted_speedup": chain_speedup(alpha, depth, c),
+    }
+
+
+def describe_tree(tree) -> str:
+    """A short label: chain:K, dynamic:K,D,T or static(N nodes, depth D)."""
+    if isinstance(tree, DynamicTreeSpec):
+        return f"dynamic:{tree.top_k},{tree.depth},{tree.total_tokens}"
+    if isinstance(tree, Tree):
+        if tree.is_chain:
+            return f"chain:{tree.max_depth}"
+        return f"static({tree.num_nodes - 1} nodes, depth {tree.max_depth})"
+    return str(tree)
+
+
+def tree_depth(tree) -> int:
+    return tree.depth if isinstance(tree, DynamicTreeSpec) else tree.max_depth
+
+
+# ---------------------------------------------------------------- environment
+
+
+def environment() -> dict:
+    """Library versions and hardware, for report.json."""
+    import importlib.metadata as md
+
+    import torch
+
+    versions = {"python": platform.python_version()}
+    for name in ("draftheads", "torch", "transformers", "accelerate", "datasets", "safetensors", "peft"):
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError:
+            versions[name] = None
+    from draftheads.training.hardware import cpu_has_native_bf16
+
+    hardware = {"platform": platform.platform(), "machine": platform.machine(), "cpu": _cpu_model(),
+                "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                "cpu_native_bf16": cpu_has_native_bf16(), "cuda": None}
+    if torch.cuda.is_available():
+        hardware["cuda"] = {"device": torch.cuda.get_device_name(), "count": torch.cuda.device_count(),
+                            "cuda_version": torch.version.cuda}
+    return {"versions": versions, "hardware": hardware}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+# ---------------------------------------------------------------- files
+
+
+def write_report(folder: Path, report: dict) -> Path:
+    """report.json (everything) and report.md (the tables) into `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / ".report.json.tmp"
+    tmp.write_text(json.dumps(report, indent=1, default=_jsonable) + "\n")
+    tmp.replace(folder / "report.json")
+    (folder / "report.md").write_text(format_markdown(report))
+    return folder
+
+
+def _jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    if isinstance(value, Path):
+        return str(value)
+    return str(value)
+
+
+def now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def _f(value, spec: str = ".2f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _mismatch(row: dict) -> str:
+    if row.get("greedy_mismatches") is None:
+        return "n/a"
+    return f"{row['greedy_mismatches']}/{row['prompts']}"
+
+
+TABLE_COLUMNS = ("drafter", "rule", "T", "tree", "tau", "alpha", "accept/depth", "c", "verify", "fwd saved",
+                 "tok/s plain", "tok/s spec", "speedup", "predicted", "greedy mismatch")
+
+
+def table_row(row: dict) -> list[str]:
+    rates = "/".join(f"{a:.2f}" for a in row["acceptance_rates"][:6]) or "-"
+    return [row["drafter"], row["rule"], f"{row['temperature']:g}", row["tree"], _f(row["tau"]), _f(row["alpha"]),
+            rates, _f(row["c"], ".3f"), _f(row["verify_cost"], ".2f", "x"), _f(_pct(row["forwards_saved"]), ".0f", "%"),
+            _f(row["tokens_per_s_plain"], ".1f"), _f(row["tokens_per_s_spec"], ".1f"), _f(row["speedup"], ".2f", "x"),
+            _f(row["predicted_speedup"], ".2f", "x"), _mismatch(row)]
+
+
+def _pct(x):
+    return None if x is None else 100 * x
+
+
+def format_table(rows: list[dict]) -> str:
+    """The comparison table (Markdown), one line per drafter x rule x temperature."""
+    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+    lines += ["| " + " | ".join(table_row(r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def format_quality(rows: list[dict]) -> str | None:
+    """Mean target log-probability per generated token, spec outputs vs plain sampling (sampled rules only)."""
+    rated = [r for r in rows if r.get("logprob_spec") is not None]
+    if not rated:
+        return None
+    lines = ["| drafter | rule | T | logprob/token spec | logprob/token plain | difference |", "|---|---|---|---|---|---|"]
+    for r in rated:
+        diff = r["logprob_spec"] - r["logprob_plain"] if r.get("logprob_plain") is not None else None
+        lines.append(f"| {r['drafter']} | {r['rule']} | {r['temperature']:g} | {r['logprob_spec']:.3f} | "
+                     f"{_f(r.get('logprob_plain'), '.3f')} | {_f(diff, '+.3f')} |")
+    return "\n".join(lines)
+
+
+def format_markdown(report: dict) -> str:
+    s, target, env = report["settings"], report["target"], report["environment"]
+    hw = env["hardware"]
+    device = hw["cuda"]["device"] if hw.get("cuda") else f"{hw['cpu']} ({hw['cpu_count']} cores, {hw['torch_threads']} threads)"
+    out = [
+        "# draftheads eval", "",
+        f"{report['created']} · target `{target['name']}` ({target.get('architecture')}, {target['dtype']}) · {device}", "",
+        f"Prompts: {s['prompts']} ({report['prompt_count']} conversations, {report['prompts_skipped']} skipped) · "
+        f"max_new_tokens {s['max_new_tokens']} · seed {s['seed']} · plain and speculative decoding interleaved prompt by prompt "
+        "in one process", "",
+        format_table(report["results"]), "",
+        f"- {TAU_NOTE}.",
+        "- alpha: i.i.d. per-draft acceptance estimate, accepted drafts / (accepted drafts + steps that stopped short of depth K; "
+        "a step with nothing drafted counts as a stop); accept/depth: P(depth d accepted | depth d-1 reached with a draft to check).",
+        "- c: drafting time per step / (K x one plain decode step), K = the tree's depth; verify: verification step time / plain step time.",
+        "- fwd saved: 1 - target forwards (prefills included) with drafting / without.",
+        "- tok/s: generated tokens per second end to end (prefill included); speedup = spec / plain, measured; "
+        "predicted = (1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)), the chain formula (assumes every step drafts K tokens "
+        "and a verify costs one step).",
+        "- greedy mismatch: prompts whose output differs from plain decoding (greedy rule or T = 0; n/a when sampled).",
+    ]
+    quality = format_quality(report["results"])
+    if quality:
+        out += ["", "## Quality of sampled outputs", "",
+                "Mean log-probability per generated token under the target (temperature 1, no top-k/top-p) of the "
+                "speculative outputs and of plain sampling at the same temperature, same prompts. Strict acceptance is "
+                "lossless (differences are sampling noise); typical acceptance is not.", "", quality]
+    if report.get("plots"):
+        out += ["", "## Plots", ""] + [f"![{name}]({name})" for name in report["plots"]]
+    out += ["", "## Setup", "", "```json", json.dumps({"settings": s, "versions": env["versions"]}, indent=1), "```", ""]
+    return "\n".join(out)
