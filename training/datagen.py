@@ -151,12 +151,12 @@ def generate_shards(out: Path, shards: list[list], backend, data, procs: Process
         bar.update(sum(1 for c in group if c.done))
         bar.set_postfix(tok_s=f"{done_tokens / max(time.perf_counter() - started, 1e-9):.0f}", refresh=False)
 
-    for i in mine:
-        t0 = time.perf_counter()
-        # Seeded per shard, so a resumed run draws exactly what the uninterrupted run drew.
-        backend.answer(shards[i], seed=data.seed * 1_000_003 + i, on_batch=on_batch)
-        datastore.write_shard(out, i, shards[i], seconds=time.perf_counter() - t0)
-    bar.close()
+    with bar:
+        for i in mine:
+            t0 = time.perf_counter()
+            # Seeded per shard, so a resumed run draws exactly what the uninterrupted run drew.
+            backend.answer(shards[i], seed=data.seed * 1_000_003 + i, on_batch=on_batch)
+            datastore.write_shard(out, i, shards[i], seconds=time.perf_counter() - t0)
 
 
 def print_examples(recipe, target, count: int = 3) -> None:

@@ -120,7 +120,7 @@ def quiet_datasets():
 
 def shard_stats(chats: list, seconds: float) -> dict:
     kept = [c for c in chats if c.answered > 0]
-    stopped = collections.Counter(c.stopped for c in kept if c.stopped)
+    stopped = collections.Counter(c.stopped for c in chats if c.stopped)  # rejected first turns leave no row
     return {
         "rows": len(kept), "tokens": sum(len(c.input_ids) for c in kept),
         "generated_tokens": sum(sum(c.loss_mask) for c in kept), "responses": sum(c.answered for c in kept),
