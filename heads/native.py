@@ -109,10 +109,9 @@ def load_drafter(path, target):
 
 def load_foreign(folder: Path, config: dict, target):
     """Hook for engine layouts (vLLM / SGLang / speculators / ...): dispatch on what the folder holds."""
-    raise DraftheadsError(
-        f"'{folder}' is not a draftheads drafter (config.json has no \"format\": \"draftheads\"); "
-        "reading engine formats is not supported yet"
-    )
+    from draftheads.heads.importers import import_drafter
+
+    return import_drafter(folder, config, target)
 
 
 def load_native(folder: Path, config: dict, target):

@@ -1,0 +1,457 @@
+"""Export to engine layouts and import back.
+
+Round trips (native -> engine folder -> load_drafter) must give the same weights and the same
+drafts; conformance checks compare every exported key, shape, dtype and config field with what
+the engines' loaders expect, written down here independently of heads/engine_formats.py; an
+engine-semantics check recomputes drafts the way the engine's forward does, from the exported
+tensors alone; refused combinations fail with a one-line error that lists the allowed formats.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from draftheads.api import build_drafter, load_drafter
+from draftheads.config import to_dict
+from draftheads.errors import DraftheadsError
+from draftheads.heads.export import export_drafter
+from draftheads.heads.native import save_drafter
+from tests.fixtures import FAMILIES, make_target
+
+H, V, I, Q, KV, D = 64, 384, 128, 64, 32, 16  # tiny fixture: hidden 64, 4 heads / 2 kv heads of 16, MLP 128
+VD = 100  # EAGLE-3 draft vocabulary used here
+
+HEADS = {
+    "medusa-shared": ("medusa", {"num_heads": 3, "num_layers": 1}),
+    "medusa-own": ("medusa", {"num_heads": 2, "num_layers": 2, "lm_head": "own"}),
+    "eagle": ("eagle", {}),
+    "eagle3": ("eagle", {"eagle3": True, "draft_vocab_size": VD}),
+}
+# Which engine formats each head type may go to, per target family (everything else is refused).
+ALLOWED = {
+    "medusa-shared": {f: ("vllm", "tgi") for f in FAMILIES},
+    "medusa-own": {f: ("vllm", "tgi") for f in FAMILIES},
+    "eagle": {"llama": ("vllm", "sglang"), "mistral": ("vllm", "sglang"), "qwen2": ("vllm", "sglang"), "qwen3": ()},
+    "eagle3": {"llama": ("vllm", "sglang", "speculators"), "mistral": ("vllm", "sglang", "speculators"), "qwen2": (),
+               "qwen3": ("speculators",)},
+}
+ENGINE_FORMATS = ("vllm", "sglang", "tgi", "speculators", "deepseek-mtp")
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory, tokenizer):
+    """family -> a tiny target saved to disk and named by its folder (TGI and speculators need a name)."""
+    out = {}
+    for family in FAMILIES:
+        folder = tmp_path_factory.mktemp(f"target-{family}")
+        model = make_target(family, tokenizer)
+        model.save_pretrained(folder)
+        model.config._name_or_path = str(folder)
+        out[family] = model
+    return out
+
+
+@pytest.fixture(scope="module")
+def natives(targets, tmp_path_factory):
+    """(family, head) -> (drafter with randomised weights, its native folder)."""
+    cache = {}
+
+    def get(family, head):
+        if (family, head) not in cache:
+            target = targets[family]
+            kind, cfg = HEADS[head]
+            torch.manual_seed(3)
+            drafter = build_drafter(kind, target, **cfg)
+            with torch.no_grad():  # zero-initialised blocks would hide swapped or dropped tensors
+                for p in drafter.parameters():
+                    p.add_(torch.randn_like(p) * 0.05)
+            if head == "eagle3":
+                drafter.set_draft_vocab(torch.randint(0, 1000, (V,)), init_from_target=False)
+            folder = save_drafter(drafter, tmp_path_factory.mktemp(f"{family}-{head}") / "native", target=target)
+            cache[family, head] = drafter, folder
+        return cache[family, head]
+
+    return get
+
+
+def features_for(drafter, target, ids):
+    """(features [1, n, F], next tokens [1, n]) for the prompt `ids`, as the generation loop feeds them."""
+    with torch.no_grad():
+        out = target(ids, output_hidden_states=True)
+    features = torch.cat([out.hidden_states[i] for i in drafter.feature_layers], dim=-1)
+    pending = out.logits[:, -1].argmax(-1, keepdim=True)
+    return features, torch.cat([ids[:, 1:], pending], dim=1)
+
+
+def drafts(drafter, target, seed=None):
+    """Greedy (seed None) or sampled proposals for a fixed prompt: (paths, tokens, q)."""
+    ids = torch.tensor([[5, 17, 42, 99, 7, 23, 61, 11]])
+    drafter.reset()
+    drafter.observe(*features_for(drafter, target, ids))
+    kwargs = {} if seed is None else {"temperature": 1.0, "generator": torch.Generator().manual_seed(seed)}
+    proposal = drafter.propose(drafter.default_tree(), **kwargs)
+    return proposal.tree.paths, proposal.tokens, proposal.q
+
+
+CASES = [(family, head, fmt) for head, per in ALLOWED.items() for family, fmts in per.items() for fmt in fmts]
+
+
+@pytest.mark.parametrize("family,head,fmt", CASES, ids=["-".join(c) for c in CASES])
+def test_round_trip_keeps_weights_and_drafts(family, head, fmt, targets, natives, tmp_path):
+    target = targets[family]
+    drafter, native = natives(family, head)
+    loaded = load_drafter(export_drafter(native, fmt, tmp_path / fmt), target)
+
+    assert type(loaded) is type(drafter)
+    assert to_dict(loaded.config) == to_dict(drafter.config)
+    a, b = drafter.state_dict(), loaded.state_dict()
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key].dtype == b[key].dtype, key
+        # vLLM's EAGLE-1 layout re-expresses the fc bias through the attention biases (float64 math)
+        tol = 1e-6 if (fmt, head) == ("vllm", "eagle") else 0.0
+        torch.testing.assert_close(b[key], a[key], rtol=0, atol=tol, msg=key)
+    for seed in (None, 7):
+        paths, tokens, q = drafts(drafter, target, seed)
+        paths2, tokens2, q2 = drafts(loaded, target, seed)
+        assert paths == paths2 and torch.equal(tokens, tokens2)
+        assert (q is None) == (q2 is None) and (q is None or torch.allclose(q, q2, atol=1e-6))
+
+
+# ---- conformance: what each loader reads, written down from its source -------------------------
+
+def layer_keys(prefix, attn_in, qkv_bias=False, o_bias=False, qk_norm=False):
+    keys = {f"{prefix}self_attn.q_proj.weight": (Q, attn_in), f"{prefix}self_attn.k_proj.weight": (KV, attn_in),
+            f"{prefix}self_attn.v_proj.weight": (KV, attn_in), f"{prefix}self_attn.o_proj.weight": (H, Q),
+            f"{prefix}mlp.gate_proj.weight": (I, H), f"{prefix}mlp.up_proj.weight": (I, H), f"{prefix}mlp.down_proj.weight": (H, I),
+            f"{prefix}post_attention_layernorm.weight": (H,)}
+    if qkv_bias:
+        keys.update({f"{prefix}self_attn.q_proj.bias": (Q,), f"{prefix}self_attn.k_proj.bias": (KV,), f"{prefix}self_attn.v_proj.bias": (KV,)})
+    if o_bias:
+        keys[f"{prefix}self_attn.o_proj.bias"] = (H,)
+    if qk_norm:
+        keys.update({f"{prefix}self_attn.q_norm.weight": (D,), f"{prefix}self_attn.k_norm.weight": (D,)})
+    return keys
+
+
+def eagle3_keys(prefix, qk_norm=False):
+    return {"fc.weight": (H, 3 * H), f"{prefix}hidden_norm.weight": (H,), f"{prefix}input_layernorm.weight": (H,),
+            **layer_keys(prefix, 2 * H, qk_norm=qk_norm), "norm.weight": (H,), "lm_head.weight": (VD, H), "d2t": (VD,), "t2d": (V,)}
+
+
+# (format, head, family) -> (weights file, {key: shape}, config fields that must hold these values)
+EXPECTED = {
+    ("vllm", "medusa-shared", "llama"): ("model.safetensors", {
+        **{f"blocks.{h}.layers.0.{p}": (H, H) if p == "weight" else (H,) for h in range(3) for p in ("weight", "bias")},
+        "lm_heads.0.weight": (V, H)},
+        {"architectures": ["MedusaModel"], "model_type": "medusa", "num_heads": 3, "num_hidden_layers": 1, "medusa_fc_bias": True,
+         "original_lm_head": True, "hidden_size": H, "vocab_size": V, "truncated_vocab_size": V}),
+    ("vllm", "medusa-own", "llama"): ("model.safetensors", {
+        **{f"blocks.{h}.layers.{l}.{p}": (H, H) if p == "weight" else (H,) for h in range(2) for l in range(2) for p in ("weight", "bias")},
+        **{f"lm_heads.{h}.weight": (V, H) for h in range(2)}},
+        {"num_heads": 2, "num_hidden_layers": 2, "medusa_fc_bias": True, "original_lm_head": False}),
+    ("tgi", "medusa-shared", "llama"): ("medusa_lm_head.safetensors", {
+        **{f"{h}.0.linear.{p}": (H, H) if p == "weight" else (H,) for h in range(3) for p in ("weight", "bias")}},
+        {"medusa_num_heads": 3, "medusa_num_layers": 1}),
+    ("tgi", "medusa-own", "llama"): ("medusa_lm_head.safetensors", {
+        **{f"{h}.{l}.linear.{p}": (H, H) if p == "weight" else (H,) for h in range(2) for l in range(2) for p in ("weight", "bias")},
+        **{f"{h}.2.weight": (V, H) for h in range(2)}},
+        {"medusa_num_heads": 2, "medusa_num_layers": 2}),
+    ("vllm", "eagle", "llama"): ("model.safetensors", {"fc.weight": (H, 2 * H), **layer_keys("layers.0.", H, qkv_bias=True, o_bias=True)},
+        {"architectures": ["EagleLlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1, "attention_bias": True}),
+    ("vllm", "eagle", "qwen2"): ("model.safetensors", {"fc.weight": (H, 2 * H), **layer_keys("layers.0.", H, qkv_bias=True, o_bias=True)},
+        {"architectures": ["EagleLlamaForCausalLM"], "model_type": "llama", "attention_bias": True}),
+    ("sglang", "eagle", "llama"): ("model.safetensors", {"fc.weight": (H, 2 * H), "fc.bias": (H,), **layer_keys("layers.0.", H)},
+        {"architectures": ["LlamaForCausalLMEagle"], "model_type": "llama", "num_hidden_layers": 1}),
+    ("sglang", "eagle", "qwen2"): ("model.safetensors", {"fc.weight": (H, 2 * H), "fc.bias": (H,), **layer_keys("layers.0.", H, qkv_bias=True)},
+        {"architectures": ["Qwen2ForCausalLMEagle"], "model_type": "qwen2", "num_hidden_layers": 1}),
+    ("vllm", "eagle3", "llama"): ("model.safetensors", eagle3_keys("midlayer."),
+        {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1, "draft_vocab_size": VD,
+         "target_hidden_size": H, "tie_word_embeddings": False, "norm_before_residual": False,
+         "eagle_aux_hidden_state_layer_ids": [1, 3, 4]}),  # 4-layer target: feature layers (0, 2, 3), vLLM ids + 1
+    ("sglang", "eagle3", "llama"): ("model.safetensors", eagle3_keys("midlayer."),
+        {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1, "draft_vocab_size": VD, "tie_word_embeddings": False,
+         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 2, 3]}}),
+    ("speculators", "eagle3", "llama"): ("model.safetensors", eagle3_keys("layers.0."),
+        {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "draft_vocab_size": VD, "target_hidden_size": H,
+         "norm_before_residual": False, "eagle_aux_hidden_state_layer_ids": [1, 3, 4]}),
+    ("speculators", "eagle3", "qwen3"): ("model.safetensors", eagle3_keys("layers.0.", qk_norm=True),
+        {"speculators_model_type": "eagle3", "draft_vocab_size": VD}),
+}
+DTYPES = {"d2t": torch.int64, "t2d": torch.bool}
+
+
+@pytest.mark.parametrize("fmt,head,family", list(EXPECTED), ids=["-".join(k) for k in EXPECTED])
+def test_export_matches_what_the_loader_reads(fmt, head, family, natives, tmp_path):
+    drafter, native = natives(family, head)
+    assert head != "eagle3" or drafter.config.feature_layers == [0, 2, 3]  # the default for a 4-layer target
+    out = export_drafter(native, fmt, tmp_path / "out")
+    weights_file, shapes, fields = EXPECTED[fmt, head, family]
+    tensors = load_file(str(out / weights_file))
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == shapes
+    for key, tensor in tensors.items():
+        assert tensor.dtype == DTYPES.get(key, torch.float32), key
+        assert torch.isfinite(tensor.float()).all(), key
+    config = json.loads((out / "config.json").read_text())
+    for field, value in fields.items():
+        assert config[field] == value, field
+    check_loader_traps(fmt, head, config)
+
+
+def check_loader_traps(fmt, head, config):
+    """The silent failures each loader has (see engine_formats.py), checked on the written config."""
+    if fmt == "tgi":
+        assert "architectures" not in config  # any architecture but MLPSpeculator makes TGI skip the heads
+        assert config["base_model_name_or_path"]
+    if (fmt, head.split("-")[0]) == ("vllm", "medusa"):
+        # vLLM's MedusaConfig renames every key with 'num'+'heads' / 'num'+'layers': only ours may exist
+        assert [k for k in config if "num" in k and ("heads" in k or "layers" in k)] == ["num_heads", "num_hidden_layers"]
+    if head in ("eagle", "eagle3") and fmt != "speculators":
+        from transformers import AutoConfig
+
+        parsed = AutoConfig.for_model(**config)  # the engines build a transformers config from it
+        assert parsed.num_hidden_layers == 1 and parsed.hidden_size == H and parsed.head_dim == D
+    if fmt == "speculators":
+        spec = config["speculators_config"]
+        assert spec["proposal_methods"][0]["speculative_tokens"] >= 1
+        assert spec["default_proposal_method"] == spec["proposal_methods"][0]["proposal_type"]
+        assert spec["verifier"]["name_or_path"] and config["transformer_layer_config"]["model_type"] in ("llama", "qwen3")
+
+
+# ---- engine semantics: recompute drafts from the exported tensors the way each engine does ------
+
+def rms(x, weight, eps=1e-6):
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def test_vllm_medusa_forward_from_exported_tensors(targets, natives, tmp_path):
+    """vLLM: per head x = x + SiLU(W x + b) per block, then lm_heads[h] (shared: lm_heads.0)."""
+    target = targets["llama"]
+    for head in ("medusa-shared", "medusa-own"):
+        drafter, native = natives("llama", head)
+        t = load_file(str(export_drafter(native, "vllm", tmp_path / head) / "model.safetensors"))
+        hidden = torch.randn(5, H)
+        for h in range(drafter.config.num_heads):
+            x = hidden
+            for l in range(drafter.config.num_layers):
+                x = x + F.silu(F.linear(x, t[f"blocks.{h}.layers.{l}.weight"], t[f"blocks.{h}.layers.{l}.bias"]))
+            lm = t.get(f"lm_heads.{h}.weight", t["lm_heads.0.weight"])  # original_lm_head: one head for all
+            torch.testing.assert_close(F.linear(x, lm), drafter.head_logits(h, hidden))
+        if head == "medusa-shared":
+            assert torch.equal(t["lm_heads.0.weight"], target.get_output_embeddings().weight)
+
+
+def test_tgi_medusa_forward_from_exported_tensors(targets, natives, tmp_path):
+    """TGI MedusaHeadV2: x + SiLU(linear_h(x)) through the target's own lm_head."""
+    target = targets["llama"]
+    drafter, native = natives("llama", "medusa-shared")
+    t = load_file(str(export_drafter(native, "tgi", tmp_path / "tgi") / "medusa_lm_head.safetensors"))
+    hidden = torch.randn(5, H)
+    for h in range(3):
+        y = hidden + F.silu(F.linear(hidden, t[f"{h}.0.linear.weight"], t[f"{h}.0.linear.bias"]))
+        torch.testing.assert_close(target.get_output_embeddings()(y), drafter.head_logits(h, hidden))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_vllm_eagle_fold_is_exact(family, targets, natives, tmp_path):
+    """vLLM's EAGLE-1 fc has no bias: the exported layer (attention biases, no fc bias) must give the
+    layer output our drafter gives, built as vLLM builds it (a Llama layer from config.json)."""
+    from transformers import AutoConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    target = targets[family]
+    drafter, native = natives(family, "eagle")
+    out = export_drafter(native, "vllm", tmp_path / "vllm")
+    config = AutoConfig.for_model(**json.loads((out / "config.json").read_text()))
+    tensors = load_file(str(out / "model.safetensors"))
+    layer = LlamaDecoderLayer(config, 0)
+    layer.input_layernorm = torch.nn.Identity()
+    layer.load_state_dict({k.removeprefix("layers.0."): v for k, v in tensors.items() if k.startswith("layers.0.")})
+    emb, feat = target.get_input_embeddings()(torch.tensor([[3, 9, 27, 81]])), torch.randn(1, 4, H)
+    pos = torch.arange(4)[None]
+    mask = torch.full((4, 4), float("-inf")).triu(1)[None, None]
+    rope = target.model.rotary_emb(feat, pos)
+    ours = drafter.layer(drafter.fc(torch.cat([emb, feat], -1)), attention_mask=mask, position_ids=pos, position_embeddings=rope)
+    engine = layer(F.linear(torch.cat([emb, feat], -1), tensors["fc.weight"]), attention_mask=mask, position_ids=pos, position_embeddings=rope)
+    torch.testing.assert_close(engine, ours, rtol=1e-5, atol=1e-5)
+
+
+def test_eagle3_norms_map_to_the_engine_roles(targets, natives, tmp_path):
+    """Engines normalise the embedding with input_layernorm and the hidden state with hidden_norm,
+    attend over [emb; h] with the un-normed h as residual, then apply norm and lm_head."""
+    target = targets["llama"]
+    drafter, native = natives("llama", "eagle3")
+    t = load_file(str(export_drafter(native, "sglang", tmp_path / "sglang") / "model.safetensors"))
+    n = 4
+    ids, carry = torch.tensor([[3, 9, 27, 81]]), torch.randn(1, n, H)
+    emb = target.get_input_embeddings()(ids)
+    pos = torch.arange(n)[None]
+    cos, sin = target.model.rotary_emb(carry, pos)
+    x = torch.cat([rms(emb, t["midlayer.input_layernorm.weight"]), rms(carry, t["midlayer.hidden_norm.weight"])], -1)
+    q = F.linear(x, t["midlayer.self_attn.q_proj.weight"]).view(1, n, 4, D).transpose(1, 2)
+    k = F.linear(x, t["midlayer.self_attn.k_proj.weight"]).view(1, n, 2, D).transpose(1, 2)
+    v = F.linear(x, t["midlayer.self_attn.v_proj.weight"]).view(1, n, 2, D).transpose(1, 2)
+
+    def rotate(y):
+        half = y.shape[-1] // 2
+        return y * cos[:, None] + torch.cat([-y[..., half:], y[..., :half]], -1) * sin[:, None]
+
+    q, k = rotate(q), rotate(k)
+    attn = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True)
+    h = carry + F.linear(attn.transpose(1, 2).reshape(1, n, Q), t["midlayer.self_attn.o_proj.weight"])
+    m = rms(h, t["midlayer.post_attention_layernorm.weight"])
+    mlp = F.linear(F.silu(F.linear(m, t["midlayer.mlp.gate_proj.weight"])) * F.linear(m, t["midlayer.mlp.up_proj.weight"]),
+                   t["midlayer.mlp.down_proj.weight"])
+    logits = F.linear(rms(h + mlp, t["norm.weight"]), t["lm_head.weight"])
+    from draftheads.heads.layers import causal_visible
+
+    with torch.no_grad():
+        ours = drafter._draft_logits(drafter._forward(carry, ids, pos, causal_visible(None, 1, n)))
+    torch.testing.assert_close(logits, ours, rtol=1e-4, atol=1e-4)
+    # d2t holds offsets: draft id i is target token i + d2t[i], and t2d marks exactly those tokens
+    assert torch.equal((torch.arange(VD) + t["d2t"]).sort().values, t["t2d"].nonzero().flatten())
+
+
+# ---- refusals ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("head", list(HEADS))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_refused_combinations_name_the_allowed_formats(family, head, natives, tmp_path):
+    _, native = natives(family, head)
+    allowed = ALLOWED[head][family]
+    for fmt in ENGINE_FORMATS:
+        if fmt in allowed:
+            continue
+        with pytest.raises(DraftheadsError) as err:
+            export_drafter(native, fmt, tmp_path / fmt)
+        message = str(err.value)
+        assert "\n" not in message and f"'{fmt}'" in message
+        assert message.endswith("formats for it: " + ", ".join(("native",) + allowed))
+        assert not (tmp_path / fmt).exists()
+
+
+def test_tgi_refuses_shared_lm_head_with_several_blocks(targets, tmp_path):
+    drafter = build_drafter("medusa", targets["llama"], num_heads=2, num_layers=2)
+    native = save_drafter(drafter, tmp_path / "native", target=targets["llama"])
+    with pytest.raises(DraftheadsError, match="one block per head.*formats for it: native, vllm$"):
+        export_drafter(native, "tgi", tmp_path / "tgi")
+
+
+def edited_native(native, folder, head):
+    """A copy of a native folder whose config.json carries a different head section."""
+    folder.mkdir()
+    config = json.loads((native / "config.json").read_text())
+    config["head"] = head
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes((native / "model.safetensors").read_bytes())
+    return folder
+
+
+def test_medusa2_and_llama_family_mtp_are_refused(natives, tmp_path):
+    drafter, native = natives("llama", "medusa-shared")
+    medusa2 = edited_native(native, tmp_path / "medusa2", to_dict(drafter.config) | {"medusa2": True})
+    with pytest.raises(DraftheadsError, match="Medusa-2.*formats for it: native$"):
+        export_drafter(medusa2, "vllm", tmp_path / "a")
+    mtp = edited_native(native, tmp_path / "mtp", {"type": "mtp", "depth": 2})
+    with pytest.raises(DraftheadsError, match="no mtp layer for a llama target.*deepseek_v3.*formats for it: native$"):
+        export_drafter(mtp, "deepseek-mtp", tmp_path / "b")
+
+
+def test_unknown_format_and_foreign_folder_are_one_line_errors(natives, targets, tmp_path):
+    _, native = natives("llama", "eagle")
+    with pytest.raises(DraftheadsError, match="unknown export format 'vlm'.*did you mean 'vllm'"):
+        export_drafter(native, "vlm", tmp_path / "x")
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(DraftheadsError, match="neither a draftheads drafter nor a layout"):
+        load_drafter(tmp_path / "junk", targets["llama"])
+
+
+def test_native_export_validates_and_copies(natives, tmp_path):
+    drafter, native = natives("llama", "eagle")
+    out = export_drafter(native, "native", tmp_path / "copy")
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in native.iterdir())
+    broken = edited_native(native, tmp_path / "broken", {"type": "medusa", "num_heads": 2})  # eagle tensors, medusa config
+    with pytest.raises(DraftheadsError, match="does not match its config.json"):
+        export_drafter(broken, "native", tmp_path / "bad")
+
+
+# ---- public reference layouts ------------------------------------------------------------------
+
+def test_medusa_v01_reference_layout_loads(targets, tmp_path):
+    """Medusa v0.1: medusa_lm_head.pt with {i}.0.linear.* and each head's own lm head {i}.1.weight."""
+    target = targets["llama"]
+    torch.manual_seed(5)
+    tensors = {}
+    for i in range(2):
+        tensors.update({f"{i}.0.linear.weight": torch.randn(H, H) * 0.1, f"{i}.0.linear.bias": torch.randn(H) * 0.1,
+                        f"{i}.1.weight": torch.randn(V, H)})
+    torch.save(tensors, tmp_path / "medusa_lm_head.pt")
+    (tmp_path / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1, "hidden_size": H,
+                                                      "vocab_size": V, "base_model_name_or_path": "x"}))
+    drafter = load_drafter(tmp_path, target)
+    hidden = torch.randn(3, H)
+    for i in range(2):
+        y = hidden + F.silu(F.linear(hidden, tensors[f"{i}.0.linear.weight"], tensors[f"{i}.0.linear.bias"]))
+        torch.testing.assert_close(drafter.head_logits(i, hidden), F.linear(y, tensors[f"{i}.1.weight"]))
+    assert drafter.config.lm_head == "own" and drafter.config.num_heads == 2
+
+
+def test_eagle_reference_layout_loads(targets, natives, tmp_path):
+    """EAGLE (SafeAILab): a Llama config.json beside pytorch_model.bin with fc.* and layers.0.* (+ embeddings)."""
+    target = targets["llama"]
+    drafter, native = natives("llama", "eagle")
+    state = {("layers.0." + k.removeprefix("layer.")) if k.startswith("layer.") else k: v for k, v in drafter.state_dict().items()}
+    state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().clone()
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    config = target.config.to_dict() | {"num_hidden_layers": 1, "architectures": ["LlamaForCausalLM"]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = load_drafter(tmp_path, target)
+    for key, value in drafter.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+
+
+def test_import_refuses_a_checkpoint_for_another_target(targets, natives, tmp_path):
+    _, native = natives("llama", "eagle")
+    out = export_drafter(native, "sglang", tmp_path / "sglang")
+    with pytest.raises(DraftheadsError, match="(shape|unexpected|missing)"):
+        load_drafter(out, targets["qwen3"])  # qwen3 layer has q_norm/k_norm that the file lacks
+
+
+# ---- the speculators package itself ------------------------------------------------------------
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_speculators_package_loads_our_export(family, natives, tmp_path):
+    """Loads our speculators export with speculators.Eagle3DraftModel when the package is importable.
+
+    Its loader fills every weight it does not find with NaN, so all parameters must be finite and
+    equal to ours. Not installed by default: speculators 0.9.0 pins transformers<=5.19 and pulls a
+    CUDA torch; run with it on PYTHONPATH (see the issue-7 report) to exercise this.
+    """
+    try:
+        import speculators  # noqa: F401
+    except ImportError as e:
+        print(f"speculators not importable ({e}); skipping")
+        pytest.skip(f"speculators is not installed ({e})")
+    from speculators.models import Eagle3DraftModel
+
+    drafter, native = natives(family, "eagle3")
+    out = export_drafter(native, "speculators", tmp_path / "spec")
+    model = Eagle3DraftModel.from_pretrained(str(out))
+    ours = load_file(str(out / "model.safetensors"))
+    params = dict(model.named_parameters()) | dict(model.named_buffers())
+    for name, tensor in params.items():
+        if tensor.is_floating_point():
+            assert torch.isfinite(tensor).all(), name
+    for key, value in ours.items():
+        assert torch.equal(params[key].to(value.dtype), value), key
