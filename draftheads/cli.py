@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from draftheads.errors import DraftheadsError, NotImplementedYet
+from draftheads.errors import DraftheadsError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,16 +53,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     p.add_argument("--out", default=None, help="report folder (default: a timestamped folder)")
+    p.add_argument("--combined", action="store_true", help="also measure each learned drafter combined with prompt lookup")
     p.set_defaults(handler=cmd_eval)
 
     p = sub.add_parser("export", help="export a drafter for a serving engine")
     p.add_argument("source", help="run folder or drafter folder")
     p.add_argument("--format", required=True, help="native, or an engine format")
     p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--target", default=None, help="target folder or spec, for formats that need its config")
     p.set_defaults(handler=cmd_export)
 
     p = sub.add_parser("demo", help="data, training and evaluation end to end on the embedded target")
     p.add_argument("--out", default="runs/demo", help="where the demo leaves its artefacts")
+    p.add_argument("--heads", default="eagle", help="drafters to train: comma-separated eagle,medusa,mtp")
     p.set_defaults(handler=cmd_demo)
 
     p = sub.add_parser("recipe", help="list or show recipes")
@@ -111,23 +114,54 @@ def cmd_recipe_list(args) -> int:
 
 
 def cmd_data(args) -> int:
-    raise NotImplementedYet("draftheads data")
+    from draftheads.recipe import load_recipe
+    from draftheads.training.datagen import run_data
+
+    run_data(load_recipe(args.recipe, args.overrides), overwrite=args.overwrite, dry_run=args.dry_run)
+    return 0
 
 
 def cmd_train(args) -> int:
-    raise NotImplementedYet("draftheads train")
+    from draftheads.train import main as train_main  # the entry point of `python -m draftheads.train`
+
+    return train_main([args.recipe, *args.overrides])
 
 
 def cmd_eval(args) -> int:
-    raise NotImplementedYet("draftheads eval")
+    from draftheads.inference.evaluate import run_eval
+
+    run_eval(
+        args.drafters, target=args.target, prompts=args.prompts, limit=args.limit,
+        accept=_split(args.accept), temperatures=[_number(t, "--temperature") for t in _split(args.temperature)],
+        tree=args.tree, max_new_tokens=args.max_new_tokens, dtype=args.dtype, out=args.out, combined=args.combined,
+    )
+    return 0
 
 
 def cmd_export(args) -> int:
-    raise NotImplementedYet("draftheads export")
+    from draftheads.heads.export import run_export
+
+    folder = run_export(args.source, args.format, args.out, target=args.target)
+    print(f"exported {args.source} as {args.format} to {folder}")
+    return 0
 
 
 def cmd_demo(args) -> int:
-    raise NotImplementedYet("draftheads demo")
+    from draftheads.demo import run_demo
+
+    run_demo(args.out, heads=_split(args.heads))
+    return 0
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _number(text: str, flag: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise DraftheadsError(f"{flag}: '{text}' is not a number; give comma-separated values like 0,0.7,1.0") from None
 
 
 if __name__ == "__main__":
