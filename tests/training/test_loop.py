@@ -1,0 +1,239 @@
+"""The training loop end to end on tiny fixtures: every head type learns and leaves the target
+untouched; schedule, batching and metrics pieces; time budget; init_from; the CLI; trackers;
+the bundled accelerate configs; a 2-process DDP run equals 1 process with accumulation."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from draftheads.errors import DraftheadsError
+from draftheads.heads import HEAD_TYPES
+from draftheads.recipe import load_recipe
+from draftheads.training import batches as B
+from draftheads.training.loop import run_training
+from draftheads.training.metrics import acceptance_length
+from draftheads.training.setup import lr_factor
+from tests.training.train_helpers import drafter_weights, make_dataset, max_weight_diff, reset_accelerate, tiny_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate():
+    yield
+    reset_accelerate()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, llama_target):
+    return make_dataset(llama_target, tmp_path_factory.mktemp("data") / "rows")
+
+
+HEADS = {"medusa": {"type": "medusa", "num_heads": 2}}
+if "eagle" in HEAD_TYPES:
+    HEADS["eagle"] = {"type": "eagle"}
+    HEADS["eagle3"] = {"type": "eagle", "eagle3": True, "ttt_steps": 2, "draft_vocab_size": 128}
+if "mtp" in HEAD_TYPES:
+    HEADS["mtp"] = {"type": "mtp", "depth": 2}
+
+
+@pytest.mark.parametrize("head", list(HEADS))
+def test_each_head_learns_and_the_target_is_untouched(tmp_path, data_dir, llama_target, head):
+    before = {k: v.clone() for k, v in llama_target.state_dict().items()}
+    recipe = tiny_recipe(data_dir, tmp_path / "run", HEADS[head], max_steps=24, log_every=6, eval_every=12,
+                         save_every=24, lr=3e-3, warmup_steps=2)
+    run_dir = run_training(recipe, target=llama_target)
+    metrics = json.loads((run_dir / "final" / "metrics.json").read_text())
+    losses = [h["loss"] for h in metrics["history"]]
+    assert len(losses) == 4 and losses[-1] < losses[0], losses
+    final = metrics["final_eval"]
+    assert final["step"] == 24 and final["accept_len"] == pytest.approx(acceptance_length(final["acc"]))
+    assert all(0 <= a <= 1 for a in final["acc"])
+    # The target is frozen and shared: no weight moved, nothing became trainable, still in eval mode.
+    after = llama_target.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert not any(p.requires_grad for p in llama_target.parameters()) and not llama_target.training
+    saved = drafter_weights(run_dir / "final" / "drafter")
+    assert not any(k.startswith(("_lm_head", "_embed", "model.")) for k in saved)  # target modules are never saved
+
+
+def test_lr_schedule_warms_up_then_decays():
+    assert [lr_factor(s, 4, 10, "constant") for s in (0, 3, 4, 9)] == [0.25, 1.0, 1.0, 1.0]
+    assert lr_factor(4, 4, 10, "cosine") == 1.0
+    assert lr_factor(7, 4, 10, "cosine") == pytest.approx(0.5)  # half-way through the decay
+    assert lr_factor(7, 4, 10, "linear") == pytest.approx(0.5)
+    assert lr_factor(10, 4, 10, "linear") == 0.0
+    assert lr_factor(0, 0, 10, "linear") == 1.0
+
+
+def test_simulated_acceptance_length_is_the_sum_of_prefix_products():
+    assert acceptance_length([0.5, 0.4, 0.5]) == pytest.approx(0.5 + 0.5 * 0.4 + 0.5 * 0.4 * 0.5)
+    assert acceptance_length([1.0, 1.0]) == 2.0
+    assert acceptance_length([0.0, 0.9]) == 0.0
+
+
+def test_epoch_batches_are_seeded_complete_and_bucketed():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 500, size=1000)
+    idx = np.arange(1000)
+    a = B.epoch_batches(idx, lengths, 8, seed=0, epoch=0)
+    assert a == B.epoch_batches(idx, lengths, 8, seed=0, epoch=0)
+    assert a != B.epoch_batches(idx, lengths, 8, seed=0, epoch=1)
+    flat = [i for b in a for i in b]
+    assert len(flat) == len(set(flat)) == 1000 and all(len(b) == 8 for b in a)
+
+    def padding(batches):
+        return sum(int(lengths[b].max()) * len(b) - int(lengths[b].sum()) for b in batches)
+
+    plain = B.epoch_batches(idx, lengths, 8, seed=0, epoch=0, bucket=False)
+    assert padding(a) < 0.2 * padding(plain)
+    shards = [B.shard(a, r, 3) for r in range(3)]
+    assert len({len(s) for s in shards}) == 1
+    assert not set(map(tuple, shards[0])) & set(map(tuple, shards[1]))
+
+
+def test_eval_split_is_seeded_disjoint_and_never_empty():
+    train, held = B.split_rows(100, 0.05, seed=3)
+    assert len(held) == 5 and not set(train) & set(held) and len(train) + len(held) == 100
+    assert np.array_equal(held, B.split_rows(100, 0.05, seed=3)[1])
+    assert not np.array_equal(held, B.split_rows(100, 0.05, seed=4)[1])
+    assert len(B.split_rows(10, 0.01, seed=0)[1]) == 1
+    assert len(B.split_rows(10, 0.0, seed=0)[1]) == 0
+
+
+def test_time_budget_stops_cleanly_and_says_so(tmp_path, data_dir, llama_target, capsys):
+    recipe = tiny_recipe(data_dir, tmp_path / "run", max_steps=50, time_budget_minutes=1e-6)
+    run_dir = run_training(recipe, target=llama_target)
+    metrics = json.loads((run_dir / "final" / "metrics.json").read_text())
+    assert metrics["stopped_by"] == "time_budget" and metrics["steps"] == 1
+    assert (run_dir / "step_000001" / "COMPLETE").is_file() and metrics["final_eval"]["step"] == 1
+    assert "time budget" in capsys.readouterr().out
+
+
+@pytest.mark.skipif("eagle" not in HEAD_TYPES, reason="EAGLE drafter not available")
+def test_eagle3_draft_vocabulary_is_the_most_frequent_loss_masked_tokens(tmp_path, data_dir, llama_target):
+    from safetensors.torch import load_file
+
+    recipe = tiny_recipe(data_dir, tmp_path / "run", {"type": "eagle", "eagle3": True, "draft_vocab_size": 32}, max_steps=1)
+    run_dir = run_training(recipe, target=llama_target)
+    rows = B.load_rows(data_dir)
+    train_idx, _ = B.split_rows(len(rows), 0.2, 0)
+    counts = B.loss_token_counts(rows, train_idx, 64, llama_target.config.vocab_size)
+    d2t = load_file(str(run_dir / "final" / "drafter" / "model.safetensors"))["d2t"]
+    chosen = (torch.arange(32) + d2t).tolist()
+    assert len(set(chosen)) == 32
+    assert int(counts[chosen].sum()) == sum(sorted(counts.tolist(), reverse=True)[:32])  # the 32 most frequent
+
+
+def test_init_from_starts_from_a_trained_drafter(tmp_path, data_dir, llama_target):
+    first = run_training(tiny_recipe(data_dir, tmp_path / "a", max_steps=6), target=llama_target)
+    trained = first / "final" / "drafter"
+    assert any(float(t.abs().max()) > 0 for t in drafter_weights(trained).values())  # not the zero init any more
+    head = {"type": "medusa", "num_heads": 2, "init_from": str(trained)}
+    second = run_training(tiny_recipe(data_dir, tmp_path / "b", head, max_steps=1, lr=1e-12, warmup_steps=0), target=llama_target)
+    assert max_weight_diff(trained, second / "final" / "drafter") < 1e-8
+    wrong = {"type": "eagle", "init_from": str(trained)} if "eagle" in HEAD_TYPES else None
+    if wrong:
+        with pytest.raises(DraftheadsError, match="holds a medusa drafter"):
+            run_training(tiny_recipe(data_dir, tmp_path / "c", wrong, max_steps=1), target=llama_target)
+
+
+def write_recipe(tmp_path, data_dir, target_dir, **train) -> Path:
+    recipe = tiny_recipe(data_dir, tmp_path / "run", **train).to_dict()
+    recipe["target"]["name"] = str(target_dir)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def test_the_module_cli_trains_a_yaml_recipe_and_reports_errors(tmp_path, data_dir, tiny_target_dir, capsys):
+    from draftheads.train import main
+
+    path = write_recipe(tmp_path, data_dir, tiny_target_dir, max_steps=2)
+    assert main([str(path), "train.eval_every=1", f"train.output_dir={tmp_path / 'cli-run'}"]) == 0
+    assert (tmp_path / "cli-run" / "final" / "drafter" / "model.safetensors").is_file()
+    assert json.loads((tmp_path / "cli-run" / "final" / "metrics.json").read_text())["eval_history"][0]["step"] == 1
+    capsys.readouterr()
+    assert main([str(path), "train.lr=-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: train.lr must be positive") and err.count("\n") == 1
+    assert main([str(path), f"data.output={tmp_path / 'missing'}"]) == 2
+    assert "run `draftheads data RECIPE` first" in capsys.readouterr().err
+
+
+def test_trackers_write_locally_and_a_missing_package_is_one_line(tmp_path, data_dir, llama_target, monkeypatch):
+    import importlib.util
+
+    recipe = tiny_recipe(data_dir, tmp_path / "run", max_steps=2, log_every=1)
+    recipe.log.trackers = ["tensorboard"]
+    run_dir = run_training(recipe, target=llama_target)
+    assert list((run_dir / "logs").rglob("events.out.tfevents.*"))
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trackio" else real(name, *a))
+    recipe.log.trackers = ["trackio"]
+    with pytest.raises(DraftheadsError, match="pip install trackio"):
+        run_training(recipe, target=llama_target)
+
+
+def test_wandb_runs_offline_without_an_account(tmp_path, data_dir, llama_target, monkeypatch):
+    pytest.importorskip("wandb")
+    for name in ("WANDB_API_KEY", "WANDB_DIR", "WANDB_MODE", "WANDB_SILENT"):
+        monkeypatch.delenv(name, raising=False)  # also restores whatever the run sets
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc login either
+    recipe = tiny_recipe(data_dir, tmp_path / "run", max_steps=2, log_every=1)
+    recipe.log.trackers = ["wandb"]
+    run_dir = run_training(recipe, target=llama_target)
+    assert os.environ["WANDB_MODE"] == "offline"
+    assert list((run_dir / "wandb").glob("offline-run-*"))
+
+
+def test_bundled_accelerate_configs_load():
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    expected = {"single_gpu": "NO", "multi_gpu_ddp": "MULTI_GPU", "fsdp": "FSDP", "deepspeed_zero2": "DEEPSPEED"}
+    for name, kind in expected.items():
+        path = REPO / "recipes" / "accelerate" / f"{name}.yaml"
+        assert path.read_text().startswith("#") and "accelerate launch --config_file" in path.read_text()
+        config = load_config_from_file(str(path))
+        assert config.distributed_type.value == kind
+    assert load_config_from_file(str(REPO / "recipes/accelerate/deepspeed_zero2.yaml")).deepspeed_config["zero_stage"] == 2
+
+
+@pytest.mark.slow
+def test_two_process_ddp_equals_one_process_with_accumulation(tmp_path, data_dir, tiny_target_dir):
+    """DDP averages the two ranks' gradients; one process accumulating the same two batches does the same.
+
+    19 training rows in batches of 3 give 6 batches per epoch: rank r takes batches r, r+2, r+4, and
+    the single process takes them in pairs (0,1), (2,3), (4,5), so every step sees the same rows.
+    """
+    path = write_recipe(tmp_path, data_dir, tiny_target_dir, max_steps=4, batch_size=3, save_every=2, eval_every=2)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29517"]
+    done = subprocess.run([*launcher, "-m", "draftheads.train", str(path), f"train.output_dir={tmp_path / 'ddp'}"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("held-out top-1 accuracy") == 1  # printed by the main process only
+    recipe = load_recipe(str(path), ["train.grad_accum=2", f"train.output_dir={tmp_path / 'one'}"])
+    one = run_training(recipe)
+    assert max_weight_diff(tmp_path / "ddp" / "final" / "drafter", one / "final" / "drafter") < 1e-6
+    a = json.loads((tmp_path / "ddp" / "final" / "metrics.json").read_text())
+    b = json.loads((one / "final" / "metrics.json").read_text())
+    assert [h["loss"] for h in a["history"]] == pytest.approx([h["loss"] for h in b["history"]], abs=1e-6)
+    assert a["final_eval"]["acc"] == b["final_eval"]["acc"] and a["final_eval"]["positions"] == b["final_eval"]["positions"]

@@ -1,0 +1,228 @@
+"""Everything the training loop needs, built once: accelerator, target, drafter, rows, optimizer, schedule.
+
+`setup` returns a `Run`; the loop in loop.py reads it top to bottom. Resuming happens here too:
+weights, optimizer, scheduler and RNG come back through accelerator.load_state, the data position
+and logged history through the trainer state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from draftheads.config import to_dict
+from draftheads.errors import DraftheadsError
+from draftheads.training import batches as B
+from draftheads.training import checkpoint as C
+from draftheads.training.features import build_feature_cache, cache_key
+from draftheads.training.hardware import resolve_dtype
+from draftheads.training.trackers import check_trackers, prepare_environment
+
+
+class DraftLoss(torch.nn.Module):
+    """Routes forward() to drafter.training_loss, so DDP/FSDP wrappers see a normal forward call."""
+
+    def __init__(self, drafter: torch.nn.Module):
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, batch: dict):
+        return self.drafter.training_loss(batch)
+
+
+@dataclass
+class Run:
+    """Everything the loop needs, built once by `setup`."""
+
+    recipe: object
+    accelerator: object
+    target: torch.nn.Module
+    drafter: torch.nn.Module
+    module: torch.nn.Module  # DraftLoss, prepared (possibly DDP-wrapped)
+    optimizer: object
+    scheduler: object
+    rows: B.RowSet
+    lengths: np.ndarray
+    train_idx: np.ndarray
+    eval_idx: np.ndarray
+    state: dict
+    run_dir: Path
+
+    @property
+    def online(self) -> bool:
+        return self.rows.features is None
+
+    @property
+    def target_runs_inside(self) -> bool:
+        """Medusa-2 trains LoRA on the target: the drafter runs the target itself, with gradients."""
+        return bool(getattr(self.drafter, "needs_target_grad", False))
+
+
+def release_accelerate_state() -> None:
+    """Let a later run_training in this process pick its own precision and accumulation (Accelerate keeps
+    them in process-wide singletons); the process group itself (PartialState) stays."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
+
+
+def make_accelerator(recipe):
+    from accelerate import Accelerator, PartialState
+    from accelerate.utils import ProjectConfiguration
+
+    cfg = recipe.train
+    check_trackers(recipe.log.trackers)
+    run_dir = recipe.run_dir
+    prepare_environment(recipe.log, run_dir)
+    cpu = recipe.target.device == "cpu"
+    dtype = resolve_dtype(cfg.dtype, PartialState(cpu=cpu).device)
+    precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "no")
+    return Accelerator(
+        cpu=cpu,
+        mixed_precision=precision,
+        gradient_accumulation_steps=cfg.grad_accum,
+        log_with=list(recipe.log.trackers) or None,
+        project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
+    )
+
+
+def setup(recipe, accelerator, target=None, drafter=None) -> Run:
+    """Target, drafter, data, optimizer and schedule, prepared; state restored from a checkpoint if resuming."""
+    from accelerate.utils import set_seed
+
+    cfg = recipe.train
+    if cfg.mode == "offline" and getattr(recipe.head, "medusa2", False):
+        raise DraftheadsError("head.medusa2 trains LoRA on the target, so it cannot use cached features; set train.mode=online")
+    model = _target_model(recipe, accelerator, target)
+    recipe.resolve(model.config)
+    set_seed(cfg.seed)  # the drafter's initial weights depend on the seed only
+    rows = B.load_rows(recipe.data_dir)
+    lengths = B.row_lengths(rows, cfg.max_length)
+    train_idx, eval_idx = B.split_rows(len(rows), cfg.eval_fraction, cfg.seed)
+    if drafter is None:
+        drafter = make_drafter(recipe, model, rows, train_idx)
+    drafter.to(device=accelerator.device, dtype=torch.float32)  # fp32 master weights; autocast does bf16/fp16
+    rowset = make_rowset(recipe, accelerator, model, drafter, rows, lengths)
+    optimizer = make_optimizer(drafter, cfg)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.warmup_steps, cfg.max_steps, cfg.schedule))
+    configure_backend(accelerator, cfg)
+    module, optimizer = accelerator.prepare(DraftLoss(drafter), optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+    set_seed(cfg.seed + accelerator.process_index)  # per-process noise (EAGLE input noise, dropout)
+    run = Run(recipe, accelerator, model, drafter, module, optimizer, scheduler, rowset, lengths, train_idx, eval_idx,
+              new_state(), recipe.run_dir)
+    resume(run)
+    return run
+
+
+def _target_model(recipe, accelerator, target):
+    from draftheads.training.target import load_target
+
+    if target is not None:
+        model = target[0] if isinstance(target, (tuple, list)) else target
+        return model.to(accelerator.device)
+    t = recipe.target
+    model, _ = load_target(t.name, dtype=resolve_dtype(recipe.train.dtype, accelerator.device), device=str(accelerator.device),
+                           revision=t.revision, trust_remote_code=t.trust_remote_code, chat_template=t.chat_template,
+                           attn_implementation=t.attn_implementation)
+    return model
+
+
+def make_drafter(recipe, model, rows, train_idx):
+    """A new drafter from recipe.head (EAGLE-3: with its draft vocabulary), or head.init_from's weights."""
+    from draftheads.api import build_drafter, load_drafter
+
+    head = recipe.head
+    if head.init_from:
+        drafter = load_drafter(head.init_from, model)
+        if drafter.config.type != head.type:
+            raise DraftheadsError(f"head.init_from '{head.init_from}' holds a {drafter.config.type} drafter but head.type is {head.type}")
+        return drafter
+    cfg = {k: v for k, v in to_dict(head).items() if k != "type"}
+    drafter = build_drafter(head.type, model, **cfg)
+    if hasattr(drafter, "set_draft_vocab") and getattr(drafter.config, "eagle3", True):  # EAGLE-1/2 use the full vocabulary
+        vocab = recipe.derived["vocab_size"]
+        drafter.set_draft_vocab(B.loss_token_counts(rows, train_idx, recipe.train.max_length, vocab))
+    return drafter
+
+
+def make_rowset(recipe, accelerator, model, drafter, rows, lengths) -> B.RowSet:
+    """Rows as tensors; in offline mode with the feature cache attached (built first if missing)."""
+    cfg = recipe.train
+    if cfg.mode == "online":
+        return B.RowSet(rows, cfg.max_length)
+    if getattr(drafter, "needs_target_grad", False):
+        raise DraftheadsError("this drafter trains the target itself, so it cannot use cached features; set train.mode=online")
+    layers = tuple(drafter.feature_layers)
+    folder = Path(cfg.feature_cache) if cfg.feature_cache else (
+        recipe.data_dir / "features" / cache_key(model, layers, cfg.max_length, cfg.feature_dtype, rows, lengths))
+    cache = build_feature_cache(accelerator, model, B.RowSet(rows, cfg.max_length), lengths, layers, folder,
+                                cfg.feature_dtype, cfg.batch_size)
+    if not np.array_equal(cache.lengths, lengths) or cache.dim != model.config.get_text_config().hidden_size * len(layers):
+        raise DraftheadsError(f"feature cache {folder} was built for other data or feature layers; delete it or set train.feature_cache elsewhere")
+    return B.RowSet(rows, cfg.max_length, cache)
+
+
+def make_optimizer(drafter, cfg) -> torch.optim.Optimizer:
+    groups = drafter.param_groups(cfg.lr) if hasattr(drafter, "param_groups") else [
+        {"params": [p for p in drafter.parameters() if p.requires_grad]}]
+    if not any(p.requires_grad for g in groups for p in g["params"]):
+        raise DraftheadsError("the drafter has no trainable parameters; check the head configuration")
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
+    """Multiplier of the base LR at optimizer step `step` (0-based): linear warm-up, then cosine/linear/constant to 0."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
+
+
+def new_state() -> dict:
+    """The trainer state saved as JSON in every checkpoint."""
+    return {"step": 0, "epoch": 0, "batch_in_epoch": 0, "best_metric": None, "best_step": None,
+            "history": [], "eval_history": [], "window": None, "train_seconds": 0.0, "tokens": 0}
+
+
+def resume(run: Run) -> None:
+    cfg, acc = run.recipe.train, run.accelerator
+    for folder in C.incomplete_checkpoints(run.run_dir):
+        acc.print(f"draftheads: skipping half-written checkpoint {folder} (no {C.COMPLETE} marker)")
+    folder = C.find_resume(run.run_dir, cfg.resume)
+    if folder is not None:
+        run.state = C.load_checkpoint(acc, folder)
+        acc.print(f"draftheads: resuming from {folder} (step {run.state['step']})")
+
+
+def configure_backend(accelerator, cfg) -> None:
+    """The recipe decides accumulation (a launcher's env var would override the Accelerator argument), and
+    DeepSpeed, which reads micro-batch size, accumulation and clipping from its own config, gets the recipe's."""
+    accelerator.gradient_accumulation_steps = cfg.grad_accum
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None:
+        plugin.deepspeed_config.update(train_micro_batch_size_per_gpu=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
+                                       gradient_clipping=cfg.max_grad_norm or 0.0)
+
+
+def exportable_drafter(run: Run):
+    """The drafter with whole weights for save_drafter (main process; None elsewhere). Every process must call it:
+    under FSDP the weights are sharded, so a full state dict is gathered into a fresh, unsharded copy."""
+    from accelerate.utils import DistributedType
+
+    acc = run.accelerator
+    if acc.distributed_type != DistributedType.FSDP:
+        return run.drafter if acc.is_main_process else None
+    state = acc.get_state_dict(run.module)  # full tensors, on the main process only
+    if not acc.is_main_process:
+        return None
+    copy = type(run.drafter).from_target(run.target.config, run.drafter.config).bind(run.target)
+    copy.load_state_dict({k.removeprefix("drafter."): v for k, v in state.items()}, strict=False)
+    return copy
