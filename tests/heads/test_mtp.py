@@ -1,0 +1,142 @@
+"""MTP modules: wiring, gradients, training, and cached chain/tree drafting checked against the
+plain (training-time) forward over the sequence extended by each drafted path."""
+
+import pytest
+import torch
+
+from draftheads.config import build, to_dict
+from draftheads.errors import DraftheadsError
+from draftheads.heads import HEAD_CONFIGS
+from draftheads.heads.mtp import MTPConfig, MTPDrafter
+from draftheads.inference.sampling import warp_probs
+from draftheads.inference.tree import DynamicTreeSpec, Tree
+
+TREE = Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (1, 0, 0)])
+
+DRAFT_FAMILIES = ["llama", "qwen3"]
+
+
+def make_drafter(target, depth=3, **overrides):
+    torch.manual_seed(1)
+    return MTPDrafter.from_target(target.config, MTPConfig(depth=depth, **overrides)).bind(target).eval()
+
+
+def make_batch(target, b=2, s=16, seed=0, generated=False):
+    """Random tokens, or (generated) a 4-token random prompt continued greedily by the target."""
+    ids = torch.randint(0, target.config.vocab_size, (b, 4 if generated else s), generator=torch.Generator().manual_seed(seed))
+    if generated:
+        ids = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=s - 4, min_new_tokens=s - 4, do_sample=False)
+    with torch.no_grad():
+        features = target(ids, output_hidden_states=True).hidden_states[-1]
+    ones = torch.ones_like(ids)
+    return dict(input_ids=ids, attention_mask=ones, loss_mask=ones, features=features)
+
+
+def reference_logits(drafter, h0, next_tokens, path):
+    """Children logits of the node reached by `path`, by the training forward (no cache, plain
+    causal masks) over the committed tokens extended by the path: module len(path)+1 at n-1."""
+    n = next_tokens.shape[1]
+    ids = torch.cat([torch.zeros(1, 1, dtype=torch.long), next_tokens, path.view(1, -1)], dim=1)
+    padded = torch.cat([h0, h0.new_zeros(1, len(path), h0.shape[-1])], dim=1)  # never seen by position n-1
+    outs = drafter.forward_modules(padded, ids[:, : n + 1 + len(path)])
+    return drafter._logits(outs[len(path)][0, n - 1])
+
+
+def test_config_round_trip():
+    cfg = MTPConfig(depth=2, loss_weights=[1.0, 0.5], default_tree="chain:2")
+    assert to_dict(build(HEAD_CONFIGS["mtp"], to_dict(cfg), "head")) == to_dict(cfg)
+
+
+def test_from_target_wiring(tiny_target):
+    drafter = make_drafter(tiny_target, depth=2)
+    hidden, eps = tiny_target.config.hidden_size, tiny_target.config.rms_norm_eps
+    assert len(drafter.blocks) == 2 and drafter.blocks[0].layer is not drafter.blocks[1].layer
+    for block in drafter.blocks:
+        assert type(block.layer) is type(tiny_target.model.layers[0])
+        assert type(block.hnorm) is type(block.enorm) is type(tiny_target.model.norm)
+        assert block.hnorm.variance_epsilon == eps
+        assert block.proj.weight.shape == (hidden, 2 * hidden) and block.proj.bias is None
+    assert not {id(p) for p in tiny_target.parameters()} & {id(p) for p in drafter.parameters()}
+    assert all(k.startswith("blocks.") for k in drafter.state_dict())
+    assert drafter.feature_layers == (-1,)
+    loss, metrics = drafter.training_loss(make_batch(tiny_target, s=10))
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    assert metrics["total"].tolist() == [2 * (10 - k - 1) for k in (1, 2)]  # module k predicts x_{t+k+1}
+
+
+def test_gradients_reach_only_the_drafter(tiny_target):
+    drafter = make_drafter(tiny_target, depth=2).train()
+    before = {k: v.clone() for k, v in tiny_target.state_dict().items()}
+    loss, _ = drafter.training_loss(make_batch(tiny_target, s=10))
+    loss.backward()
+    assert all(p.grad is None for p in tiny_target.parameters())
+    missing = [n for n, p in drafter.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing, f"no gradient reached {missing}"
+    torch.optim.AdamW(drafter.parameters(), lr=1e-2).step()
+    assert all(torch.equal(before[k], v) for k, v in tiny_target.state_dict().items())
+
+
+def test_loss_weights_and_masks(llama_target):
+    drafter = make_drafter(llama_target, depth=2, loss_weights=[1.0, 0.0])
+    batch = make_batch(llama_target, s=12)
+    batch["loss_mask"] = batch["loss_mask"].clone()
+    batch["loss_mask"][:, :6] = 0  # prompt tokens: predictions of them do not count
+    loss, metrics = drafter.training_loss(batch)
+    assert metrics["total"].tolist() == [2 * 6, 2 * 6]
+    torch.testing.assert_close(loss, metrics["loss_sum"][0] / metrics["total"][0])
+
+
+@pytest.mark.parametrize("family", DRAFT_FAMILIES, indirect=True)  # llama-like and q/k-norm layers
+@pytest.mark.parametrize("tree", [Tree.chain(3), TREE], ids=["chain", "tree"])
+@pytest.mark.parametrize("split", [(1, 2, 13), (9, 14)], ids=["short-prompt", "prompt"])
+def test_cached_drafting_matches_recompute(tiny_target, tree, split):
+    """Observed in chunks (proposing in between), the drafts' logits equal the plain forward's."""
+    drafter = make_drafter(tiny_target, depth=3)
+    ids = torch.randint(0, tiny_target.config.vocab_size, (1, split[-1] + 1), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        h0 = tiny_target(ids, output_hidden_states=True).hidden_states[-1][:, :-1]
+    start = 0
+    for end in split:
+        drafter.observe(h0[:, start:end], ids[:, start + 1 : end + 1])
+        start = end
+        greedy = drafter.propose(tree)
+        sampled = drafter.propose(tree, temperature=0.8, top_p=0.9, generator=torch.Generator().manual_seed(0))
+        assert greedy.tokens[0, 0] == ids[0, end]
+        for proposal in (greedy, sampled):
+            for node in (v for v in range(tree.num_nodes) if tree.children[v]):
+                want = reference_logits(drafter, h0[:, :end], ids[:, 1 : end + 1], proposal.tokens[0, tree.ancestors(node)[1:]])
+                kids = proposal.tokens[0, list(tree.children[node])]
+                if proposal.q is None:
+                    assert torch.equal(kids, torch.topk(want, len(kids)).indices)
+                else:
+                    torch.testing.assert_close(proposal.q[0, node], warp_probs(want, 0.8, 0, 0.9), rtol=1e-4, atol=1e-5)
+                    assert (proposal.q[0, node][kids] > 0).all()
+
+
+def test_dynamic_tree_and_depth_limit(llama_target):
+    drafter = make_drafter(llama_target, depth=2)
+    batch = make_batch(llama_target, b=1, s=11)
+    drafter.observe(batch["features"][:, :10], batch["input_ids"][:, 1:])
+    proposal = drafter.propose(DynamicTreeSpec(top_k=3, depth=2, total_tokens=6))
+    assert proposal.tree.num_nodes == 7 and proposal.tree.max_depth <= 2
+    assert drafter.default_tree().paths == Tree.chain(2).paths
+    with pytest.raises(DraftheadsError, match="head.depth=2"):
+        drafter.propose(Tree.chain(3))
+    with pytest.raises(DraftheadsError, match="head.depth=2"):
+        drafter.propose(DynamicTreeSpec(2, 3, 5))
+
+
+def test_training_reduces_loss(llama_target):
+    drafter = make_drafter(llama_target, depth=2).train()
+    batch = make_batch(llama_target, s=16, generated=True)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
+    losses, hits = [], []
+    for _ in range(20):
+        loss, metrics = drafter.training_loss(batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        hits.append(metrics["correct"][0].item())
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert hits[-1] > hits[0], hits
