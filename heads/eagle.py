@@ -4,6 +4,14 @@ of Large Language Models via Training-Time Test".
 
 EAGLE-1/2: [emb(x_{t+1}); f_t] [b, s, 2H] -> fc -> decoder layer -> f̂_{t+1} -> target lm_head
 EAGLE-3:   [h_low; h_mid; h_high] [b, s, 3H] -> fc -> layer over [norm(emb); norm(h)] -> norm -> draft lm_head
+
+The decoder layer is the target's own class (heads/layers.py). Losses, per unroll step j:
+EAGLE-1/2  feature_loss_weight · SmoothL1(f̂, f) + token_loss_weight · soft CE against the target's
+           distribution softmax(lm_head(f_{t+1})) (not the sampled next token);
+EAGLE-3    soft CE against the target's distribution restricted to the draft vocabulary
+           (renormalised), so positions whose target argmax lies outside it still count.
+Training-time test (ttt_steps > 1, either variant): step j feeds step j-1's outputs back in and
+attends to exactly the keys depth-(j+1) drafting would see; losses weighted ttt_decay^j.
 """
 
 from __future__ import annotations
