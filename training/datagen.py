@@ -46,13 +46,19 @@ class Processes:
             self.state.wait_for_everyone()
 
 
-def processes() -> Processes:
+def processes(device: str = "auto") -> Processes:
     # Only touch accelerate's global state when launched distributed: tests and plain runs stay free of it.
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
         return Processes()
+    import torch
     from accelerate import PartialState
 
-    state = PartialState()
+    # accelerate sets up CPU-only process groups (gloo) only when asked for CPU explicitly
+    state = PartialState(cpu=device == "cpu" or not torch.cuda.is_available())
+    if state.num_processes != world:  # every process would answer every shard, racing on the same files
+        raise DraftheadsError(f"launched with WORLD_SIZE={world} but accelerate sees {state.num_processes} process(es); "
+                              "launch with accelerate launch (or torchrun) and a matching config")
     return Processes(state.process_index, state.num_processes, state)
 
 
@@ -61,7 +67,7 @@ def run_data(recipe, *, overwrite: bool = False, dry_run: bool = False, target=N
     if dry_run:
         print_examples(recipe, target)
         return recipe.data_dir
-    out, procs = recipe.data_dir, processes()
+    out, procs = recipe.data_dir, processes(recipe.target.device)
     if procs.is_main:
         datastore.prepare_folder(out, recipe, overwrite)
     procs.wait()

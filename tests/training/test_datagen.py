@@ -221,10 +221,12 @@ def test_half_written_shard_is_discarded(tmp_path, target, monkeypatch):
 
 
 KILL_SCRIPT = """
-import sys, torch
+import sys, time, torch
 torch.set_num_threads(1)
 from draftheads.recipe import recipe_from_dict
-from draftheads.training import datagen
+from draftheads.training import datagen, datastore
+write = datastore.write_shard
+datastore.write_shard = lambda *a, **k: (write(*a, **k), time.sleep(0.5))  # a window to kill it in, on any machine
 from tests.fixtures import make_target, make_tokenizer
 tok = make_tokenizer("chatml")
 recipe = recipe_from_dict({"name": "k", "head": {"type": "medusa"}, "data": dict(
