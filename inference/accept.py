@@ -132,6 +132,11 @@ def sibling_draft(q_left: torch.Tensor | None, x: torch.Tensor, vocab: int) -> t
     return q_left / q_left.sum(-1, keepdim=True).clamp_min(1e-30)
 
 
+def remove_drawn(q_left: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """[b, V] q without token x [b]: the next sibling was drawn without replacement, so never x again."""
+    return q_left.scatter(1, x[:, None], 0.0)
+
+
 def residual(r: torch.Tensor, q_j: torch.Tensor) -> torch.Tensor:
     """norm(max(0, r - q_j)) per row [b, V]; rows whose residual vanished (r == q_j up to rounding,
     where rejection has probability ~0) keep r."""
@@ -168,8 +173,8 @@ def accept_strict(
             ok = trying & (u < ratio)
             rejected = trying & ~ok
             r = torch.where(rejected[:, None], residual(r, q_j), r)
-            if q_left is not None:  # the next sibling was drawn from q without this one
-                q_left = torch.where(trying[:, None], q_left.scatter(1, x[:, None], 0.0), q_left)
+            if q_left is not None:
+                q_left = torch.where(trying[:, None], remove_drawn(q_left, x), q_left)
             node = torch.where(ok, child, node)
             path[:, depth + 1] = torch.where(ok, child, path[:, depth + 1])
             moved |= ok

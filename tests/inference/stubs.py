@@ -50,7 +50,7 @@ class RandomDrafter:
         tokens[:, 0] = self.pending
         if not (self.sampled and temperature > 0 and generator is not None):
             return Proposal(tree, tokens)
-        q = warp_probs(self.logits, temperature, top_k, top_p).expand(b, n, -1).clone()
+        q = warp_probs(self.logits, temperature).expand(b, n, -1).clone()   # full support, whatever the target keeps
         for node, kids in enumerate(tree.children):
             if kids:
                 tokens[:, list(kids)] = pick_children(q[:, node], len(kids), generator)

@@ -1,0 +1,243 @@
+"""Strict (lossless) acceptance emits exactly the target's distribution.
+
+1. Exact: the law of the token emitted at a node, enumerated over every draw of its children, equals p.
+2. Statistical: 10^5 independent speculative steps on a toy Markov target with an unrelated (poor) Markov
+   drafter, completed to a fixed length by plain target sampling; every adjacent pair of emitted tokens is
+   chi-square tested against its exact law. Chains K in {1, 3, 5}, trees of width 2-4, T in {0.6, 1, 1.5},
+   top-k and top-p, children sampled without replacement (q given) or deterministic (q None).
+3. Deliberately broken rules (resample from p instead of the residual; forget that siblings were drawn
+   without replacement) fail both checks; the point-mass rule applied to sampled children does not (it is
+   exact for any way of drawing the children, only less efficient).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftheads.inference import accept as rules
+from draftheads.inference.sampling import pick_children, warp_probs
+from draftheads.inference.tree import Tree
+
+V = 10
+TARGET = 1.5 * torch.randn(8, V, V, generator=torch.Generator().manual_seed(0))   # logits [depth, prev token, V]
+DRAFT = 1.5 * torch.randn(8, V, V, generator=torch.Generator().manual_seed(1))    # an unrelated, poor drafter
+ROOT = 3
+ROWS = 100_000
+P_MIN = 1e-4   # per-check p-value threshold; every check is deterministic (fixed seeds)
+
+
+def wide_tree(width: int) -> Tree:
+    """`width` children at the root and under its first child, a grandchild chain, and a second branch."""
+    return Tree.from_paths([(i,) for i in range(width)] + [(0, i) for i in range(width)] + [(1, 0), (0, 0, 0), (0, 1, 0)])
+
+
+# ---- exact enumeration --------------------------------------------------------------------------
+def emitted_law(p: torch.Tensor, q: torch.Tensor | None, kids: list[int], width: int) -> torch.Tensor:
+    """[V] exact law of the token a node emits with `width` children (drawn from q without replacement,
+    or the fixed tokens `kids` when q is None), using the rule's own sibling / residual updates.
+    `left` is what the drafter really has left to draw from; `rule_left` what the rule believes."""
+    vocab = p.shape[0]
+    out = torch.zeros_like(p)
+
+    def walk(r, left, rule_left, j, prob):
+        if j == width:
+            out.add_(prob * r)
+            return
+        draws = [kids[j]] if left is None else (left > 0).nonzero()[:, 0].tolist()
+        for x in draws:
+            xt = torch.tensor([x])
+            chance = 1.0 if left is None else float(left[x] / left.sum())
+            q_j = rules.sibling_draft(None if rule_left is None else rule_left[None], xt, vocab)[0].double()
+            a = min(1.0, float(r[x] / q_j[x]))
+            out[x] += prob * chance * a
+            if a < 1:
+                next_left = None if left is None else left.scatter(0, xt, 0.0)
+                next_rule = None if rule_left is None else rules.remove_drawn(rule_left[None], xt)[0]
+                walk(rules.residual(r[None], q_j[None])[0], next_left, next_rule, j + 1, prob * chance * (1 - a))
+
+    walk(p, q, q, 0, 1.0)
+    return out
+
+
+EXACT_CASES = [  # (V, width, temperature, top_k, top_p)
+    (8, 1, 1.0, 0, 1.0), (12, 2, 0.6, 0, 1.0), (12, 3, 1.5, 0, 0.8), (20, 2, 1.0, 6, 1.0), (8, 4, 1.0, 0, 1.0),
+]
+
+
+def toy(vocab: int, seed: int, temperature: float, top_k: int, top_p: float):
+    g = torch.Generator().manual_seed(seed)
+    p = warp_probs(2 * torch.randn(vocab, generator=g), temperature, top_k, top_p).double()
+    q = warp_probs(2 * torch.randn(vocab, generator=g), temperature).double()
+    return p / p.sum(), q / q.sum()   # exactly normalised in float64
+
+
+@pytest.mark.parametrize("vocab,width,temperature,top_k,top_p", EXACT_CASES)
+@pytest.mark.parametrize("sampled", [True, False])
+def test_emitted_law_is_exactly_p(vocab, width, temperature, top_k, top_p, sampled):
+    p, q = toy(vocab, 7, temperature, top_k, top_p)
+    kids = q.topk(width).indices.tolist()[::-1]   # deterministic children, some outside p's top
+    law = emitted_law(p, q if sampled else None, kids, width)
+    torch.testing.assert_close(law, p, atol=1e-9, rtol=0)
+
+
+BROKEN = {
+    "resample from p": ("residual", lambda r, q_j: r),
+    "ignore that siblings were drawn without replacement": ("remove_drawn", lambda q_left, x: q_left),
+}
+POINT_MASS = ("sibling_draft", lambda q_left, x, vocab: torch.nn.functional.one_hot(x, vocab).float())
+
+
+@pytest.mark.parametrize("broken", BROKEN)
+def test_exact_check_rejects_broken_rules(broken, monkeypatch):
+    name, fake = BROKEN[broken]
+    monkeypatch.setattr(rules, name, fake)
+    p, q = toy(V, 7, 1.0, 0, 1.0)
+    law = emitted_law(p, q, [], 3)
+    assert (law - p).abs().max() > 1e-3
+
+
+def test_point_mass_rule_is_exact_whatever_drew_the_children(monkeypatch):
+    """Treating every child as a point mass (accept x with prob r(x), else zero x) conditions on x, so it stays
+    exact even for sampled children (only less efficient): not a bug, and the check must not flag it."""
+    monkeypatch.setattr(rules, *POINT_MASS)
+    p, q = toy(V, 7, 1.0, 0, 1.0)
+    torch.testing.assert_close(emitted_law(p, q, [], 3), p, atol=1e-9, rtol=0)
+
+
+# ---- statistical tests on a Markov toy target ------------------------------------------------------
+def draft(tree: Tree, temperature: float, sampled: bool, generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """tokens [ROWS, N] and, when sampled, q [ROWS, N, V]: children drawn without replacement from the
+    drafter's Markov q (else its deterministic top-k)."""
+    tokens = torch.full((ROWS, tree.num_nodes), ROOT, dtype=torch.long)
+    q = torch.zeros(ROWS, tree.num_nodes, V)
+    table = warp_probs(DRAFT, temperature)   # warp the [depth, prev, V] table once, then index it per row
+    for node, kids in enumerate(tree.children):   # node order: parents come first
+        q[:, node] = table[tree.depths[node], tokens[:, node]]
+        if kids:
+            tokens[:, list(kids)] = pick_children(q[:, node], len(kids), generator if sampled else None)
+    return tokens, (q if sampled else None)
+
+
+def speculative_sequences(tree: Tree, temperature, top_k, top_p, sampled: bool, seed: int) -> torch.Tensor:
+    """[ROWS, depth + 1] tokens: one strict step's emitted tokens, completed by plain target sampling."""
+    g = torch.Generator().manual_seed(seed)
+    tokens, q = draft(tree, temperature, sampled, g)
+    table = warp_probs(TARGET, temperature, top_k, top_p)
+    p = table[tree.depth_tensor[None, :], tokens]
+    result = rules.accept_strict(tree, tokens, p, q, g)
+    length = tree.max_depth + 1
+    rows = torch.arange(ROWS)
+    out = torch.full((ROWS, length), -1, dtype=torch.long)
+    for t in range(tree.max_depth):
+        node = result.path[:, t + 1]
+        out[:, t] = torch.where(node >= 0, tokens[rows, node.clamp(min=0)], -1)
+    out[rows, result.num_accepted] = result.next_token
+    for t in range(length):
+        prev = out[:, t - 1] if t else torch.full((ROWS,), ROOT)
+        plain = torch.multinomial(table[t, prev], 1, generator=g)[:, 0]
+        out[:, t] = torch.where(out[:, t] < 0, plain, out[:, t])
+    return out
+
+
+def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-square p-value of counts against probs (cells expecting < 5 pooled; any count in an
+    impossible cell gives 0)."""
+    counts, probs = counts.double().flatten(), probs.double().flatten()
+    if counts[probs <= 0].sum() > 0:
+        return 0.0
+    expected = counts.sum() * probs
+    small = expected < 5
+    obs = torch.cat([counts[~small], counts[small].sum()[None]])
+    exp = torch.cat([expected[~small], expected[small].sum()[None]])
+    keep = exp > 0
+    stat = ((obs - exp) ** 2 / exp)[keep].sum()
+    dof = torch.tensor(float(keep.sum() - 1))
+    return float(torch.special.gammaincc(dof / 2, stat / 2))
+
+
+def worst_pvalue(sequences: torch.Tensor, temperature, top_k, top_p) -> float:
+    """Smallest p-value over the pairs (y_{t-1}, y_t) of the emitted sequences (y_0 = the root)."""
+    marginal = torch.nn.functional.one_hot(torch.tensor(ROOT), V).double()
+    prev = torch.full((ROWS,), ROOT)
+    worst = 1.0
+    for t in range(sequences.shape[1]):
+        step = warp_probs(TARGET[t], temperature, top_k, top_p).double()        # [V, V] P(y_t | y_{t-1})
+        joint = marginal[:, None] * step
+        counts = torch.bincount(prev * V + sequences[:, t], minlength=V * V).view(V, V)
+        worst = min(worst, chi2_pvalue(counts, joint))
+        marginal, prev = joint.sum(0), sequences[:, t]
+    return worst
+
+
+# (tree, temperature, top_k, top_p, children sampled from q?) covering every chain length, every width,
+# every temperature, top-k and top-p, with both kinds of children
+STAT_CASES = [
+    ("chain1", 0.6, 0, 1.0, True), ("chain3", 1.0, 0, 1.0, True), ("chain5", 1.5, 0, 1.0, True),
+    ("chain1", 1.0, 4, 1.0, False), ("chain3", 1.5, 0, 0.8, False), ("chain5", 0.6, 4, 0.8, True),
+    ("chain3", 1.0, 0, 0.8, True), ("chain5", 1.0, 4, 1.0, False),
+    ("width2", 0.6, 0, 1.0, True), ("width3", 1.0, 0, 1.0, True), ("width4", 1.5, 0, 1.0, True),
+    ("width2", 1.0, 4, 1.0, False), ("width3", 0.6, 0, 0.8, False), ("width4", 1.0, 4, 0.8, True),
+    ("width4", 1.0, 0, 1.0, False), ("width3", 1.5, 4, 1.0, True),
+]
+TREES = {f"chain{k}": Tree.chain(k) for k in (1, 3, 5)} | {f"width{w}": wide_tree(w) for w in (2, 3, 4)}
+
+
+@pytest.mark.parametrize("tree,temperature,top_k,top_p,sampled", STAT_CASES)
+def test_strict_emits_target_distribution(tree, temperature, top_k, top_p, sampled):
+    sequences = speculative_sequences(TREES[tree], temperature, top_k, top_p, sampled, seed=11)
+    assert worst_pvalue(sequences, temperature, top_k, top_p) > P_MIN
+
+
+@pytest.mark.parametrize("broken", BROKEN)
+def test_statistical_check_rejects_broken_rules(broken, monkeypatch):
+    name, fake = BROKEN[broken]
+    monkeypatch.setattr(rules, name, fake)
+    sequences = speculative_sequences(wide_tree(3), 1.0, 0, 1.0, True, seed=11)
+    assert worst_pvalue(sequences, 1.0, 0, 1.0) < 1e-12
+
+
+# ---- through the real generation loop ---------------------------------------------------------------
+def small_target(vocab: int = 16):
+    """A 1-layer random llama with a 16-token vocabulary and a spread-out next-token distribution."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.fixtures import make_config
+
+    config = make_config("llama", vocab, num_hidden_layers=1)
+    config.eos_token_id = 1
+    torch.manual_seed(5)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(4.0)
+    return model.requires_grad_(False).eval()
+
+
+@torch.no_grad()
+def two_token_law(model, prompt: torch.Tensor, temperature, top_k, top_p) -> torch.Tensor:
+    """[V, V] exact P(y1, y2) of plain sampling after `prompt` [1, s]."""
+    vocab = model.config.vocab_size
+    first = warp_probs(model(input_ids=prompt).logits[0, -1], temperature, top_k, top_p).double()
+    grown = torch.cat([prompt.expand(vocab, -1), torch.arange(vocab)[:, None]], 1)
+    second = warp_probs(model(input_ids=grown).logits[:, -1], temperature, top_k, top_p).double()
+    return first[:, None] * second
+
+
+def test_real_loop_two_token_joint_matches_plain_sampling(temperature=0.8, top_k=6, top_p=0.9):
+    """speculative_generate with a deliberately poor drafter (q unrelated to the target, children sampled from it)
+    emits (y1, y2) with plain sampling's joint law."""
+    from draftheads.inference.generate import speculative_generate
+    from tests.inference.stubs import RandomDrafter
+
+    model, prompt, runs = small_target(), torch.tensor([[2, 5, 7, 3, 9]]), 1200
+    drafter = RandomDrafter(16, sampled=True, tree=Tree.from_paths([(0,), (1,), (0, 0)]))
+    counts = torch.zeros(16 * 16)
+    accepted = 0
+    for seed in range(runs):
+        out = speculative_generate(model, drafter, prompt, 2, accept="strict", temperature=temperature, top_k=top_k,
+                                   top_p=top_p, seed=seed, eos_token_id=[])
+        y1, y2 = out.tokens[0].tolist()
+        counts[y1 * 16 + y2] += 1
+        accepted += sum(out.stats.step_accepted)
+    assert 0 < accepted < runs    # the drafter is poor but not useless: both branches of the rule ran
+    assert chi2_pvalue(counts, two_token_law(model, prompt, temperature, top_k, top_p)) > P_MIN
