@@ -90,8 +90,8 @@ def test_one_line_errors_for_folders_that_hold_no_drafter(llama_target, tmp_path
         draftheads.load_drafter(tmp_path / "missing", llama_target)
     with pytest.raises(DraftheadsError, match="has no config.json"):
         draftheads.load_drafter(tmp_path, llama_target)
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["MedusaModel"]}))
-    with pytest.raises(DraftheadsError, match="not a draftheads drafter"):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    with pytest.raises(DraftheadsError, match="neither a draftheads drafter nor"):
         draftheads.load_drafter(tmp_path, llama_target)
 
 
