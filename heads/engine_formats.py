@@ -280,7 +280,9 @@ LAYOUTS: tuple[Layout, ...] = (
         traps=(
             "the MTP block is a DeepseekV2DecoderLayer (MLA + MoE): a Llama-family block has no engine that loads it",
             "modules live at layer index num_hidden_layers + k; block weights sit beside enorm/hnorm/eh_proj",
-            "embeddings at position 0 are zeroed",
+            "module k is built as layer N+k, so with first_k_dense_replace <= N+k it is a MoE layer (per-expert "
+            "weights mlp.experts.{e}.*); a copy of layer 0 is dense when first_k_dense_replace > 0",
+            "embeddings at position 0 are zeroed; the MTP input is [enorm(emb); hnorm(h)] (ours is [hnorm(h); enorm(emb)])",
         ),
     ),
 )

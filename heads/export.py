@@ -177,6 +177,11 @@ def refusal(source: Source, fmt: str) -> str | None:
         return None
     if layout.families and family not in layout.families:
         return f"{layout.engine} has no {kind} layer for a {family or 'unknown'} target (it supports {', '.join(layout.families)})"
+    if kind == "mtp":
+        dense = not any(".mlp.experts." in k for k in source.state)
+        block = "a dense-MLP layer like the target's layer 0" if dense else "the target's layer 0"
+        return (f"our MTP block is {block}, while vLLM builds module k as layer N+k (a DeepSeek-V2 MoE layer with "
+                "per-expert weights); writing it is not implemented")
     if (fmt, kind) not in WRITERS:
         return f"writing {kind} heads for {layout.engine} is not implemented"
     return None

@@ -22,10 +22,12 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from draftheads.api import build_drafter, load_drafter
-from draftheads.config import to_dict
+from draftheads.config import build, to_dict
+from draftheads.heads import HEAD_CONFIGS
 from draftheads.errors import DraftheadsError
 from draftheads.heads.export import export_drafter
 from draftheads.heads.native import save_drafter
+from draftheads.inference.tree import parse_tree
 from tests.fixtures import FAMILIES, make_target
 
 H, V, I, Q, KV, D = 64, 384, 128, 64, 32, 16  # tiny fixture: hidden 64, 4 heads / 2 kv heads of 16, MLP 128
@@ -93,13 +95,16 @@ def features_for(drafter, target, ids):
     return features, torch.cat([ids[:, 1:], pending], dim=1)
 
 
-def drafts(drafter, target, seed=None):
-    """Greedy (seed None) or sampled proposals for a fixed prompt: (paths, tokens, q)."""
-    ids = torch.tensor([[5, 17, 42, 99, 7, 23, 61, 11]])
+PROMPT = torch.tensor([[5, 17, 42, 99, 7, 23, 61, 11]])
+
+
+def drafts(drafter, observed, seed=None):
+    """Greedy (seed None) or sampled proposals after observing the prompt: (paths, tokens, q)."""
     drafter.reset()
-    drafter.observe(*features_for(drafter, target, ids))
+    drafter.observe(*observed)
     kwargs = {} if seed is None else {"temperature": 1.0, "generator": torch.Generator().manual_seed(seed)}
-    proposal = drafter.propose(drafter.default_tree(), **kwargs)
+    tree = drafter.default_tree() if drafter.config.type == "medusa" else parse_tree("dynamic:4,3,10")  # small: CPU time
+    proposal = drafter.propose(tree, **kwargs)
     return proposal.tree.paths, proposal.tokens, proposal.q
 
 
@@ -114,6 +119,8 @@ def test_round_trip_keeps_weights_and_drafts(family, head, fmt, targets, natives
 
     assert type(loaded) is type(drafter)
     assert to_dict(loaded.config) == to_dict(drafter.config)
+    assert build(HEAD_CONFIGS[drafter.config.type], to_dict(loaded.config), "head") == loaded.config  # head.init_from
+    assert all(p.requires_grad for p in loaded.parameters())
     a, b = drafter.state_dict(), loaded.state_dict()
     assert a.keys() == b.keys()
     for key in a:
@@ -121,9 +128,10 @@ def test_round_trip_keeps_weights_and_drafts(family, head, fmt, targets, natives
         # vLLM's EAGLE-1 layout re-expresses the fc bias through the attention biases (float64 math)
         tol = 1e-6 if (fmt, head) == ("vllm", "eagle") else 0.0
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=tol, msg=key)
+    observed = features_for(drafter, target, PROMPT)
     for seed in (None, 7):
-        paths, tokens, q = drafts(drafter, target, seed)
-        paths2, tokens2, q2 = drafts(loaded, target, seed)
+        paths, tokens, q = drafts(drafter, observed, seed)
+        paths2, tokens2, q2 = drafts(loaded, observed, seed)
         assert paths == paths2 and torch.equal(tokens, tokens2)
         assert (q is None) == (q2 is None) and (q is None or torch.allclose(q, q2, atol=1e-6))
 
@@ -357,14 +365,37 @@ def edited_native(native, folder, head):
     return folder
 
 
-def test_medusa2_and_llama_family_mtp_are_refused(natives, tmp_path):
+def test_medusa2_is_refused(natives, tmp_path):
     drafter, native = natives("llama", "medusa-shared")
     medusa2 = edited_native(native, tmp_path / "medusa2", to_dict(drafter.config) | {"medusa2": True})
     with pytest.raises(DraftheadsError, match="Medusa-2.*formats for it: native$"):
         export_drafter(medusa2, "vllm", tmp_path / "a")
-    mtp = edited_native(native, tmp_path / "mtp", {"type": "mtp", "depth": 2})
-    with pytest.raises(DraftheadsError, match="no mtp layer for a llama target.*deepseek_v3.*formats for it: native$"):
-        export_drafter(mtp, "deepseek-mtp", tmp_path / "b")
+
+
+def tiny_deepseek_v3(vocab):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        "deepseek_v3", vocab_size=vocab, hidden_size=H, intermediate_size=I, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+        n_group=1, topk_group=1, max_position_embeddings=256, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval().requires_grad_(False)
+
+
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
+def test_mtp_to_deepseek_layout_is_refused_with_the_reason(family, targets, tmp_path):
+    """Llama-family: vLLM's DeepSeek MTP builds a DeepSeek-V2 block. DeepSeek-V3: that block is MoE,
+    ours is a copy of the target's dense layer 0 (first_k_dense_replace > 0)."""
+    target = targets[family] if family in targets else tiny_deepseek_v3(V)
+    native = save_drafter(build_drafter("mtp", target, depth=2), tmp_path / "native", target=target)
+    reason = "no mtp layer for a llama target.*deepseek_v3" if family == "llama" else "dense-MLP layer.*MoE"
+    with pytest.raises(DraftheadsError, match=f"'deepseek-mtp': .*{reason}.*formats for it: native$"):
+        export_drafter(native, "deepseek-mtp", tmp_path / "out")
+    for fmt in ("vllm", "sglang", "tgi", "speculators"):
+        with pytest.raises(DraftheadsError, match="has no loader for mtp heads"):
+            export_drafter(native, fmt, tmp_path / fmt)
 
 
 def test_unknown_format_and_foreign_folder_are_one_line_errors(natives, targets, tmp_path):
