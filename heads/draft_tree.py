@@ -66,6 +66,22 @@ def choose_children(probs: torch.Tensor, k: int, sampling: Sampling) -> torch.Te
     return picked
 
 
+def node_depth(parents: list[int], node: int) -> int:
+    depth = 0
+    while node > 0:
+        node, depth = parents[node], depth + 1
+    return depth
+
+
+def lineage(parents: list[int], node: int) -> list[int]:
+    """The node and its ancestors up to (not including) the root."""
+    out = []
+    while node > 0:
+        out.append(node)
+        node = parents[node]
+    return out
+
+
 def draft_static(tree: Tree, root: torch.Tensor, expand: Expand, sampling: Sampling):
     """Fill a static tree: root [b] -> (tokens [b, N], q [b, N, V] or None)."""
     tokens = root.new_zeros(root.shape[0], tree.num_nodes)

@@ -27,7 +27,7 @@ from torch import nn
 from draftheads.config import check, doc
 from draftheads.errors import DraftheadsError
 from draftheads.heads.common import DepthMetrics, batch_features, bind_frozen, mean_loss, shift_mask, target_dims, text_config
-from draftheads.heads.draft_tree import Sampling, draft_dynamic, draft_static
+from draftheads.heads.draft_tree import Sampling, draft_dynamic, draft_static, node_depth
 from draftheads.heads.layers import (
     KVCache, build_decoder_layer, causal_visible, make_norm, run_layer, target_parts, tree_visible, ttt_visible,
     widen_attention_inputs,
@@ -310,7 +310,7 @@ class EagleDrafter(nn.Module):
         past = len(self._cache)
         for i, node in enumerate(nodes):
             state["columns"][node] = past + i
-        depths = [_depth(parents, node) for node in nodes]
+        depths = [node_depth(parents, node) for node in nodes]
         # the root sits at the last committed position; a node of depth d at d positions later
         positions = torch.tensor(depths, device=tokens.device)[None] + self._committed - 1
         visible = tree_visible(nodes, parents, state["columns"], past + len(nodes), self._committed, tokens.device)
@@ -319,13 +319,6 @@ class EagleDrafter(nn.Module):
         for i, node in enumerate(nodes):
             state["out"][node] = out[:, i]
         return self._vocab_logits(out)
-
-
-def _depth(parents: list[int], node: int) -> int:
-    depth = 0
-    while node > 0:
-        node, depth = parents[node], depth + 1
-    return depth
 
 
 def _prepend_embeddings(attention: nn.Module, args: tuple, kwargs: dict):

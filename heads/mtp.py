@@ -19,7 +19,7 @@ from torch import nn
 from draftheads.config import check, doc
 from draftheads.errors import DraftheadsError
 from draftheads.heads.common import DepthMetrics, batch_features, bind_frozen, masked_ce, mean_loss, target_dims, text_config
-from draftheads.heads.draft_tree import Sampling, draft_dynamic, draft_static
+from draftheads.heads.draft_tree import Sampling, draft_dynamic, draft_static, lineage, node_depth
 from draftheads.heads.layers import KVCache, build_decoder_layer, causal_visible, make_norm, run_layer, target_parts, tree_visible
 from draftheads.inference.drafter import Proposal
 from draftheads.inference.tree import DynamicTreeSpec, Tree, parse_tree
@@ -204,16 +204,18 @@ class MTPDrafter(nn.Module):
 
         `previous` holds module d's entries (node -> [b, H]) from the last call; replaced here.
         """
-        d = _depth(parents, nodes[0])
+        d = node_depth(parents, nodes[0])
         if d == 0:
             return self._logits(self._root_out)[:, None]
         k, n = d + 1, self._tokens.shape[1]
         cache = self._caches[k - 1]
         committed = len(cache)
-        entries = sorted({a for node in nodes for a in _ancestors(parents, node) if n - k + _depth(parents, a) >= 0},
-                         key=lambda a: (_depth(parents, a), a))
-        hidden = torch.stack([previous[parents[v]] if parents[v] > 0 else self._inbox[k - 1][:, 0] for v in entries], dim=1)
-        positions = torch.tensor([n - k + _depth(parents, v) for v in entries], device=tokens.device)[None]
+        # every drafted ancestor of `nodes` gets an entry, except at positions before the prompt
+        position = {v: n - k + node_depth(parents, v) for node in nodes for v in lineage(parents, node)}
+        entries = sorted((v for v, p in position.items() if p >= 0), key=lambda v: (position[v], v))
+        root_input = self._inbox[k - 1][:, 0] if self._inbox[k - 1].shape[1] else None  # module k-1's last committed output
+        hidden = torch.stack([previous[parents[v]] if parents[v] > 0 else root_input for v in entries], dim=1)
+        positions = torch.tensor([position[v] for v in entries], device=tokens.device)[None]
         columns = {v: committed + i for i, v in enumerate(entries)}
         visible = tree_visible(entries, parents, columns, committed + len(entries), committed, tokens.device)
         out = self.blocks[k - 1](hidden, self._embed(tokens[:, entries]), self._rotary, positions, visible, cache)
@@ -221,18 +223,3 @@ class MTPDrafter(nn.Module):
         previous.update({v: out[:, i] for i, v in enumerate(entries)})
         return self._logits(torch.stack([previous[v] for v in nodes], dim=1))
 
-
-def _depth(parents: list[int], node: int) -> int:
-    depth = 0
-    while node > 0:
-        node, depth = parents[node], depth + 1
-    return depth
-
-
-def _ancestors(parents: list[int], node: int) -> list[int]:
-    """The node and its ancestors, root excluded."""
-    out = []
-    while node > 0:
-        out.append(node)
-        node = parents[node]
-    return out
