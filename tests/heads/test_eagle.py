@@ -13,6 +13,8 @@ from draftheads.inference.tree import DynamicTreeSpec, Tree
 
 STATIC_TREE = Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (0, 0, 0, 0)])
 
+DRAFT_FAMILIES = ["llama", "qwen3"]
+
 
 def make_drafter(target, eagle3=False, **overrides):
     if eagle3:  # a draft vocabulary smaller than the target's, so the d2t mapping matters
@@ -143,6 +145,7 @@ def observe_prompt(target, drafter, s=14, split=9):
     return feats, ids[:, 1:]
 
 
+@pytest.mark.parametrize("family", DRAFT_FAMILIES, indirect=True)  # llama-like and q/k-norm layers
 @pytest.mark.parametrize("eagle3", [False, True], ids=["eagle", "eagle3"])
 @pytest.mark.parametrize("tree", [Tree.chain(4), STATIC_TREE], ids=["chain", "tree"])
 def test_cached_drafting_matches_recompute(tiny_target, eagle3, tree):
