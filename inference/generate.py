@@ -116,7 +116,8 @@ class Decoder:
             self.drafter.observe(self._features(out.features, len(path), path), new_tokens[None])
         self.pending = result.next_token[:1]
         t3 = clock(device)
-        self.stats.record_step(tree, path.tolist(), len(emitted), draft_s=(t1 - t0) + (t3 - t2), verify_s=t2 - t1)
+        draft_s = (t1 - t0) + (t3 - t2) if self.drafter is not None else 0.0   # plain decoding: all of it is the step
+        self.stats.record_step(tree, path.tolist(), len(emitted), draft_s=draft_s, verify_s=t3 - t0 - draft_s)
         return emitted
 
     def _propose(self) -> Proposal:

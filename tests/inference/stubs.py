@@ -10,13 +10,12 @@ from draftheads.inference.tree import DynamicTreeSpec, Tree
 
 
 def static(tree) -> Tree:
-    """Stubs draft static trees; a dynamic spec becomes a full top_k-ary tree of its depth, cut to total_tokens."""
+    """Stubs draft static trees; a dynamic spec becomes a chain of its depth plus rank-1..top_k-1 siblings along
+    the chain, cut to total_tokens nodes."""
     if isinstance(tree, Tree):
         return tree
-    paths, frontier = [], [()]
-    for _ in range(tree.depth):
-        frontier = [p + (r,) for p in frontier for r in range(tree.top_k)]
-        paths += frontier
+    paths = [(0,) * d for d in range(1, tree.depth + 1)]
+    paths += [(0,) * d + (r,) for d in range(tree.depth) for r in range(1, tree.top_k)]
     return Tree.from_paths(paths[: tree.total_tokens])
 
 
@@ -59,10 +58,12 @@ class RandomDrafter:
 
 class OracleDrafter:
     """Drafts the target's own top-k at every node (rank 0 = the target's greedy choice), so greedy
-    acceptance takes whole paths. `noise` replaces each draft by a random token with that probability."""
+    acceptance takes whole paths. `noise` replaces each draft by a random token with that probability;
+    `swap` swaps the ranks of the top two candidates under a node with that probability."""
 
-    def __init__(self, target, first_token: int, noise: float = 0.0, seed: int = 0, tree: Tree | None = None):
-        self.target, self.first_token, self.noise, self.seed = target, first_token, noise, seed
+    def __init__(self, target, first_token: int, noise: float = 0.0, seed: int = 0, tree: Tree | None = None,
+                 swap: float = 0.0):
+        self.target, self.first_token, self.noise, self.seed, self.swap = target, first_token, noise, seed, swap
         self.tree = tree or Tree.chain(4)
         self.feature_layers = (-1,)
         self.reset()
@@ -87,7 +88,10 @@ class OracleDrafter:
             contexts = torch.tensor([self.history[:-1] + tokens[0, tree.ancestors(i)].tolist() for i in parents])
             logits = self.target(input_ids=contexts).logits[:, -1]
             width = max(len(tree.children[i]) for i in parents)
-            top = logits.topk(width, dim=-1).indices
+            top = logits.topk(max(width, 2), dim=-1).indices
+            if self.swap:
+                swap = torch.rand(len(parents), generator=self.generator) < self.swap
+                top[swap, :2] = top[swap, :2].flip(-1)
             for row, parent in enumerate(parents):
                 for rank, child in enumerate(tree.children[parent]):
                     tokens[0, child] = top[row, rank]
