@@ -122,9 +122,11 @@ class Tree:
 
         Every node sees the whole prefix (the KV cache) and its own ancestors.
         """
-        visible = torch.cat([torch.ones(self.num_nodes, prefix_len, dtype=torch.bool), self.ancestor_matrix], dim=1)
-        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
-        return mask[None, None].to(device)
+        # built where it is used: no host-to-device copy of a [N, prefix + N] mask every step
+        ancestors = self.ancestor_matrix.to(device)
+        visible = torch.cat([torch.ones(self.num_nodes, prefix_len, dtype=torch.bool, device=device), ancestors], dim=1)
+        mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(~visible, torch.finfo(dtype).min)
+        return mask[None, None]
 
     def position_ids(self, prefix_len: int, device=None) -> torch.Tensor:
         """[1, N] positions prefix_len + depth."""
