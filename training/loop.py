@@ -12,6 +12,7 @@ The same code runs single-process or under `accelerate launch` (DDP, FSDP, DeepS
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -97,14 +98,19 @@ def evaluate(run: Run, depth: int) -> dict | None:
     if len(run.eval_idx) == 0:
         return None
     acc = run.accelerator
-    model = acc.unwrap_model(run.module)  # no DDP wrapper: processes may see different batch counts here
+    model = acc.unwrap_model(run.module)  # no DDP wrapper: no gradient sync, no buffer broadcast
     stats = DepthStats()
     model.eval()
     batches = B.eval_batches(run.eval_idx, run.lengths, run.recipe.train.batch_size)
-    for idx in batches[acc.process_index::acc.num_processes]:
-        batch = with_features(run, B.collate([run.rows[i] for i in idx]))
+    mine = batches[acc.process_index::acc.num_processes]
+    # FSDP and DeepSpeed gather weights inside forward, so every process must run as many forwards:
+    # a process with fewer eval batches repeats one and discards its metrics.
+    rounds = -(-len(batches) // acc.num_processes) if acc.distributed_type.value in ("FSDP", "DEEPSPEED") else len(mine)
+    for i in range(rounds):
+        batch = with_features(run, B.collate([run.rows[j] for j in (mine[i] if i < len(mine) else batches[0])]))
         loss, metrics = model(batch)
-        stats.add(metrics, loss, int(batch["attention_mask"].sum()))
+        if i < len(mine):
+            stats.add(metrics, loss, int(batch["attention_mask"].sum()))
     model.train()
     return gather(acc, stats, depth)[0].summary()
 
@@ -156,7 +162,7 @@ def train(run: Run, after_step=None) -> None:
             save(run)
         if after_step is not None:
             after_step(step)
-        if flag:
+        if flag and step < cfg.max_steps:
             stopped_by = "time_budget"
             say.write(f"draftheads: the time budget ({cfg.time_budget_minutes:g} min) ran out after step {step} of "
                       f"{cfg.max_steps}; checkpoint saved, finishing now (raise train.time_budget_minutes to train longer)")
@@ -170,27 +176,20 @@ class Clock:
 
     def __init__(self, earlier_seconds: float):
         self.earlier, self.start = earlier_seconds, time.perf_counter()
-        self.step_seconds, self.tokens = 0.0, 0
-        self.window_seconds, self.window_tokens = 0.0, 0
+        self.step_seconds, self.window_seconds, self.tokens = 0.0, 0.0, 0
 
     def total(self) -> float:
         return self.earlier + time.perf_counter() - self.start
 
+    @contextlib.contextmanager
     def stepping(self):
-        clock = self
-
-        class _Timer:
-            def __enter__(self):
-                self.t = time.perf_counter()
-
-            def __exit__(self, *exc):
-                clock.step_seconds += time.perf_counter() - self.t
-                clock.window_seconds += time.perf_counter() - self.t
-
-        return _Timer()
+        """Time a training step (eval and checkpoints are left out of tokens/s)."""
+        t = time.perf_counter()
+        yield
+        self.step_seconds += time.perf_counter() - t
+        self.window_seconds += time.perf_counter() - t
 
     def tokens_per_second(self) -> float:
-        """Training tokens per second of step time in this session (eval and checkpoint time excluded)."""
         return self.tokens / max(self.step_seconds, 1e-9)
 
 

@@ -237,3 +237,23 @@ def test_two_process_ddp_equals_one_process_with_accumulation(tmp_path, data_dir
     b = json.loads((one / "final" / "metrics.json").read_text())
     assert [h["loss"] for h in a["history"]] == pytest.approx([h["loss"] for h in b["history"]], abs=1e-6)
     assert a["final_eval"]["acc"] == b["final_eval"]["acc"] and a["final_eval"]["positions"] == b["final_eval"]["positions"]
+
+
+def test_medusa2_trains_its_lora_adapter_online(tmp_path, data_dir, tokenizer):
+    """Medusa-2 gets batches without features and runs the (LoRA-adapted) target itself, with gradients."""
+    from tests.fixtures import make_target
+
+    target = make_target("llama", tokenizer)  # Medusa-2 adapts the target in place: not the shared fixture
+    base = {k: v.clone() for k, v in target.state_dict().items()}
+    head = {"type": "medusa", "num_heads": 2, "medusa2": True, "lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.0}
+    run_dir = run_training(tiny_recipe(data_dir, tmp_path / "run", head, max_steps=3), target=target)
+    adapter = run_dir / "final" / "drafter" / "adapter"
+    assert adapter.is_dir() and any(adapter.iterdir())
+    from safetensors.torch import load_file
+
+    lora = {k: v for f in adapter.glob("*.safetensors") for k, v in load_file(str(f)).items() if "lora_B" in k}
+    assert lora and any(float(v.abs().max()) > 0 for v in lora.values())  # lora_B starts at zero: it trained
+    adapted = target.state_dict() if not hasattr(target, "get_base_model") else target.get_base_model().state_dict()
+    for k, v in base.items():  # the base weights under the adapter stay frozen
+        match = [a for a in adapted if a.replace("base_layer.", "") == k]
+        assert match and torch.equal(adapted[match[0]].float(), v.float())
