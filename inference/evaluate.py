@@ -39,11 +39,15 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
     target_model: (model, tokenizer) to use instead of loading `target` (tests, the demo).
     """
     check_settings(accept, temperatures, max_new_tokens, limit)
+    budget = auto_budget(tree)
     model, tokenizer, target_info = load_eval_target(target, dtype, drafters, target_model)
-    entries = build_entries(drafters, model, tree, combined)
+    entries = build_entries(drafters, model, None if budget else tree, combined)
     configs = plan_configs(accept, temperatures)
-    settings = make_settings(model, tokenizer, entries, max_new_tokens, seed, top_k, top_p, typical_epsilon, typical_delta)
+    settings = make_settings(model, tokenizer, entries, max_new_tokens, seed, top_k, top_p, typical_epsilon, typical_delta,
+                             extra_nodes=max(budget + 1 + LOOKUP_DEPTH, COMB_WIDTH * COMB_DEPTH + 1) if budget else 1)
     conversations, skipped = load_conversations(prompts, limit, tokenizer, settings)
+    if budget:
+        fit_auto_trees(model, tokenizer, entries, conversations, settings, budget)
     print(f"draftheads eval: {len(conversations)} prompts from {prompts}, {len(entries)} drafters "
           f"({', '.join(e.name for e in entries)}), {len(configs)} rule/temperature settings, target {target_info['name']} "
           f"in {target_info['dtype']}", flush=True)
@@ -123,9 +127,10 @@ def saved_target_name(drafters: list[str]) -> str | None:
 
 def build_entries(specs: list[str], model, tree: str | None, combined: bool) -> list[Entry]:
     """The prompt-lookup baseline first, then each learned drafter (and its combination with lookup)."""
-    requested = parse_tree(tree) if tree not in (None, "auto") else None
-    if tree == "auto":
-        raise DraftheadsError("--tree auto is not available yet; give chain:K, dynamic:TOPK,DEPTH,TOTAL or static:PATHS")
+    try:
+        requested = parse_tree(tree)
+    except (ValueError, SyntaxError) as err:
+        raise DraftheadsError(f"bad tree '{tree}': {err}; use chain:K, dynamic:TOPK,DEPTH,TOTAL, static:PATHS or auto[:NODES]") from None
     lookup_tree = requested if isinstance(requested, Tree) else None
     entries = [lookup_entry(lookup_tree)]
     learned = {}
@@ -169,7 +174,7 @@ def learned_entry(path: str, model, tree, taken: list[str]) -> Entry:
 
 
 def combined_entry(learned: Entry, name: str) -> Entry:
-    drafter = CombinedDrafter(learned.drafter)
+    drafter = CombinedDrafter(learned.drafter, lookup_depth=LOOKUP_DEPTH)
     info = {**learned.info, "combined_with": "prompt-lookup", "lookup_depth": drafter.lookup_depth,
             "tree": f"{learned.info['tree']} + lookup chain:{drafter.lookup_depth}"}
     return Entry(name, "combined", drafter, learned.tree, learned.depth, info)
@@ -196,16 +201,67 @@ def entry_info(entry: Entry) -> dict:
     return {"name": entry.name, "kind": entry.kind, "depth": entry.depth, **entry.info}
 
 
+# ---------------------------------------------------------------- automatic trees
+
+COMB_WIDTH, COMB_DEPTH, AUTO_BUDGET, CALIBRATION_PROMPTS, LOOKUP_DEPTH = 8, 6, 32, 4, 6
+
+
+def auto_budget(tree) -> int | None:
+    """Draft nodes of an automatic tree: 'auto' (32) or 'auto:N'; None for any other spec."""
+    if not isinstance(tree, str) or not tree.startswith("auto"):
+        return None
+    _, _, n = tree.partition(":")
+    if tree != "auto" and not (n.isdigit() and int(n) > 0):
+        raise DraftheadsError(f"bad tree '{tree}'; use auto or auto:NODES, e.g. auto:32")
+    return int(n) if n else AUTO_BUDGET
+
+
+def comb_tree(width: int, depth: int) -> Tree:
+    """`width` candidates at every depth below the rank-0 path: measures P(rank r accepted | depth reached)."""
+    return Tree.from_paths([(0,) * d + (r,) for d in range(depth) for r in range(width)])
+
+
+def fit_auto_trees(model, tokenizer, entries: list[Entry], conversations, settings: Settings, budget: int) -> None:
+    """Give each learned drafter the static tree of `budget` nodes that maximises its expected accepted length,
+    from per-depth, per-rank accuracies measured with greedy decoding on the first few prompts (Medusa's recipe).
+    Combined drafters take their learned drafter's tree; prompt lookup keeps its chain."""
+    from draftheads.inference.auto_tree import auto_tree, expected_accepted
+    from draftheads.inference.measure import generate_conversation
+
+    for entry in entries:
+        if entry.kind != "learned":
+            continue
+        # Medusa and MTP cannot draft deeper than their heads / modules
+        comb = comb_tree(COMB_WIDTH, min(COMB_DEPTH, getattr(getattr(entry.drafter, "config", None), "depth", COMB_DEPTH)))
+        probe = Entry(entry.name, entry.kind, entry.drafter, comb, comb.max_depth)
+        runs = [generate_conversation(model, tokenizer, c, probe, RunConfig("greedy", 0.0), settings)
+                for c in conversations[:CALIBRATION_PROMPTS]]
+        table = [row + [0.0] * (COMB_WIDTH - len(row)) for row in GenerationStats.merged(r.stats for r in runs).rank_accuracy]
+        try:
+            tree = auto_tree(table or [[0.0]], budget)
+            note = f"auto:{budget} (expected {1 + expected_accepted(tree, table):.2f} tokens/forward)"
+        except DraftheadsError:   # the drafter never matched the target on the calibration prompts
+            tree, note = Tree.chain(1), f"auto:{budget} -> chain:1 (no draft matched during calibration)"
+        entry.tree, entry.depth = tree, tree.max_depth
+        entry.info.update(tree=f"{describe_tree(tree)} (auto)", auto_tree=note, accuracy_table=table, tree_paths=list(tree.paths))
+    for entry in entries:
+        learned = getattr(entry.drafter, "learned", None)
+        if entry.kind == "combined":
+            source = next(e for e in entries if e.kind == "learned" and e.drafter is learned)
+            entry.tree, entry.depth = source.tree, source.depth
+            entry.info.update(tree=f"{source.info['tree']} + lookup chain:{entry.drafter.lookup_depth}")
+
+
 # ---------------------------------------------------------------- prompts
 
 
-def make_settings(model, tokenizer, entries, max_new_tokens, seed, top_k, top_p, epsilon, delta) -> Settings:
+def make_settings(model, tokenizer, entries, max_new_tokens, seed, top_k, top_p, epsilon, delta, extra_nodes=1) -> Settings:
     """Room for the longest conversation: the target's context minus the replies and the biggest draft tree."""
     from draftheads.training.chat import stop_token_ids
 
     text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     context = getattr(text, "max_position_embeddings", None) or 1 << 20
-    nodes = max([tree_nodes(e) for e in entries] + [1])
+    nodes = max([tree_nodes(e) for e in entries] + [extra_nodes])
     max_length = context - nodes - 1
     if max_length <= max_new_tokens + 1:
         raise DraftheadsError(f"max_new_tokens {max_new_tokens} plus a {nodes}-node draft tree do not fit the target's "

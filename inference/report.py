@@ -237,7 +237,9 @@ def format_markdown(report: dict) -> str:
         "- tok/s: generated tokens per second end to end (prefill included); speedup = spec / plain, measured; "
         "predicted = (1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)), the chain formula (assumes every step drafts K tokens "
         "and a verify costs one step).",
-        "- greedy mismatch: prompts whose output differs from plain decoding (greedy rule or T = 0; n/a when sampled).",
+        "- greedy mismatch: prompts whose output differs from plain decoding (greedy rule or T = 0; n/a when sampled). "
+        "In fp32 there must be none; in bf16/fp16 a multi-token verification rounds differently from a one-token step, "
+        "so near-ties can flip and outputs diverge from there on.",
     ]
     quality = format_quality(report["results"])
     if quality:

@@ -26,6 +26,15 @@ from tests.inference.stubs import OracleDrafter, RandomDrafter
 PROMPTS = ["Write a function that returns the sum of a list of numbers.", "for i in range(10):\n    print(i * i)\n"]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models on a shared 2-core machine run fastest on one thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @functools.cache
 def fixture():
     tokenizer = make_tokenizer("chatml")
@@ -278,8 +287,28 @@ def test_run_eval_rejects_bad_settings(eagle_run, tmp_path):
     folder, prompts = eagle_run
     with pytest.raises(DraftheadsError, match="unknown acceptance rule"):
         run_eval([str(folder)], target_model=fixture(), prompts=str(prompts), accept=["greedyy"], out=str(tmp_path))
+    for bad in ("chain:x", "auto:0"):
+        with pytest.raises(DraftheadsError, match="tree"):
+            run_eval([str(folder)], target_model=fixture(), prompts=str(prompts), tree=bad, out=str(tmp_path))
     model, _ = fixture()
     save_drafter(build_drafter("medusa", model), tmp_path / "medusa", model)
     with pytest.raises(DraftheadsError, match="static trees"):
         run_eval([str(tmp_path / "medusa")], target_model=fixture(), prompts=str(prompts), tree="dynamic:2,2,4",
                  out=str(tmp_path / "x"), progress=False)
+
+
+def test_auto_tree_fitted_from_measured_accuracies():
+    """An oracle's rank-0 draft is always right: the best tree of 4 nodes is the chain of 4. A random drafter
+    never matches: the fit falls back to chain:1 and says so."""
+    from draftheads.inference.evaluate import fit_auto_trees
+
+    model, tokenizer = fixture()
+    first = tokenizer("<|im_start|>")["input_ids"][0]
+    oracle = Entry("oracle", "learned", OracleDrafter(model, first), None, 0, {"tree": "auto"})
+    random = random_entry(model)
+    combined = Entry("random+lookup", "combined", CombinedDrafter(random.drafter), None, 0, {"tree": "auto"})
+    fit_auto_trees(model, tokenizer, [oracle, random, combined], conversations(1), settings(8), budget=4)
+    assert oracle.tree.paths == Tree.chain(4).paths and oracle.depth == 4
+    assert oracle.info["accuracy_table"][0][:2] == [1.0, 0.0]
+    assert random.tree.paths == Tree.chain(1).paths and "no draft matched" in random.info["auto_tree"]
+    assert combined.tree is random.tree and combined.info["tree"].endswith("+ lookup chain:6")
