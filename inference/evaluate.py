@@ -55,17 +55,15 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
     rows = build_rows(found, entries, configs, conversations)
     folder = report_folder(out, drafters)
     report = {
-        "created": now(), "settings": {
+        "created": now(), "target": target_info, "environment": environment(),
+        "settings": {
             "drafters": list(drafters), "prompts": prompts, "limit": limit, "accept": list(accept),
             "temperatures": [float(t) for t in temperatures], "tree": tree, "max_new_tokens": max_new_tokens,
-            "dtype": target_info["dtype"], "seed": seed, "top_k": top_k, "top_p": top_p, "combined": combined,
-            "typical_epsilon": typical_epsilon, "typical_delta": typical_delta, "stop_ids": settings.stop_ids,
+            "dtype": target_info["dtype"], "seed": seed, "seed_rule": "seed + 1000 * prompt index + turn, same for plain and speculative",
+            "top_k": top_k, "top_p": top_p, "combined": combined, "typical_epsilon": typical_epsilon,
+            "typical_delta": typical_delta, "stop_ids": settings.stop_ids,
         },
-        "target": target_info, "environment": environment(), "drafters": [entry_info(e) for e in entries],
-        "prompt_count": len(conversations), "prompts_skipped": sum(skipped.values()), "skipped_reasons": skipped,
-        "plain": {f"{'greedy' if key == 0 else f'T={key:g}'}": GenerationStats.merged(o.stats for o in runs).summary()
-                  for key, runs in found.plain.items()},
-        "results": rows,
+        **results_section(found, entries, conversations, skipped, rows),
     }
     from draftheads.inference.plots import write_plots
 
@@ -74,6 +72,13 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
     print(format_table(rows))
     print(f"draftheads eval: report in {folder}/report.md (tau includes the bonus token)", flush=True)
     return folder
+
+
+def results_section(found: Measurements, entries, conversations, skipped: dict, rows: list[dict]) -> dict:
+    plain = {("greedy" if key == 0 else f"T={key:g}"): GenerationStats.merged(o.stats for o in runs).summary()
+             for key, runs in found.plain.items()}
+    return {"drafters": [entry_info(e) for e in entries], "prompt_count": len(conversations),
+            "prompts_skipped": sum(skipped.values()), "skipped_reasons": skipped, "plain": plain, "results": rows}
 
 
 def check_settings(accept, temperatures, max_new_tokens: int, limit) -> None:
@@ -319,10 +324,13 @@ def build_rows(found: Measurements, entries: list[Entry], configs: list[RunConfi
 
 def compare_outputs(plain: list, spec: list, cfg: RunConfig, conversations) -> dict:
     """Greedy: which prompts' outputs differ from plain decoding. Sampled: mean target log-prob per token."""
-    out = {"greedy_mismatches": None, "mismatched_prompts": [], "logprob_spec": None, "logprob_plain": None}
+    out = {"greedy_mismatches": None, "mismatched_prompts": [], "first_divergence": [], "logprob_spec": None,
+           "logprob_plain": None}
     if not cfg.sampled:
-        bad = [c.prompt_id for c, a, b in zip(conversations, plain, spec) if a.tokens != b.tokens]
-        out.update(greedy_mismatches=len(bad), mismatched_prompts=bad)
+        bad = [(c.prompt_id, a.tokens, b.tokens) for c, a, b in zip(conversations, plain, spec) if a.tokens != b.tokens]
+        # where the outputs part: late divergences after near-ties are bf16 rounding, early ones a broken loop
+        first = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) for _, a, b in bad]
+        out.update(greedy_mismatches=len(bad), mismatched_prompts=[i for i, _, _ in bad], first_divergence=first)
     else:
         out["logprob_spec"] = _mean_logprob(spec)
         out["logprob_plain"] = _mean_logprob(plain)

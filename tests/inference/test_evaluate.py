@@ -161,6 +161,7 @@ def test_greedy_mismatches_zero_for_correct_loop_and_counted_for_a_wrong_one(mon
     monkeypatch.setattr(generate_module, "accept", accept_first_leaf)
     rows, _ = run_rows([random_entry(model)], [RunConfig("greedy", 0.0)], conv, settings())
     assert rows[0]["greedy_mismatches"] == 2 and rows[0]["mismatched_prompts"] == [0, 1]
+    assert all(0 < i < 9 for i in rows[0]["first_divergence"])   # token 0 comes from the prefill, untouched
 
 
 def test_oracle_numbers_equal_hand_count():
