@@ -70,6 +70,10 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
     report["plots"] = write_plots(folder, rows) if rows else []
     write_report(folder, report)
     print(format_table(rows))
+    broken = [r["drafter"] for r in rows if r["greedy_mismatches"]]
+    if broken and target_info["dtype"] == "fp32":
+        print(f"draftheads eval: WARNING: in fp32 greedy speculative output must equal plain decoding, but {', '.join(broken)} "
+              "differed (see mismatched_prompts in report.json): the drafter integration or the loop is broken", flush=True)
     print(f"draftheads eval: report in {folder}/report.md (tau includes the bonus token)", flush=True)
     return folder
 
