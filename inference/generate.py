@@ -206,6 +206,10 @@ def check_inputs(target, input_ids) -> torch.Tensor:
         ids = ids[None]
     if ids.dim() != 2 or ids.shape[1] == 0:
         raise DraftheadsError(f"input_ids must be a non-empty [1, s] sequence of token ids, got shape {tuple(ids.shape)}")
+    attention = getattr(target.config, "_attn_implementation", None) or "sdpa"
+    if "flash" in attention or "flex" in attention:
+        raise DraftheadsError(f"tree verification needs a 4D additive mask, which {attention} attention does not take; "
+                              "load the target with attn_implementation='sdpa' (or 'eager')")
     if ids.shape[0] != 1:
         raise DraftheadsError(f"speculative_generate takes one prompt at a time (batch 1), got batch {ids.shape[0]}; loop over prompts")
     return ids.to(target.device)

@@ -90,3 +90,12 @@ def test_plain_decoding_stats_are_the_baseline():
     stats = plain("llama", "sdpa", 40).stats
     assert stats.steps == 39 and stats.tau == 1.0 and stats.drafted == [] and stats.draft_s == 0.0
     assert stats.mean_verify_s > 0 and stats.tokens_per_s > 0
+
+
+def test_flash_attention_targets_are_refused_with_the_fix():
+    from tests.fixtures import make_target, make_tokenizer
+
+    model = make_target("llama", make_tokenizer())
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(DraftheadsError, match="attn_implementation='sdpa'"):
+        speculative_generate(model, None, prompt_ids(), 3)
