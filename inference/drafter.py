@@ -33,7 +33,12 @@ class Proposal:
     tokens: [b, N] token at each node; column 0 is the root (pending token)
     q:      [b, N, V] the draft distribution each node's children were drawn from, when they were
             sampled without replacement from it (in rank order); None when children are the
-            deterministic top-k of the draft (the acceptance rules handle both exactly)
+            deterministic top-k of the draft (the acceptance rules handle both exactly).
+            V is the target's vocabulary. Give q only if each node's children are exactly its first
+            m draws, with m fixed before drawing: pruning children by their drawn values (e.g. an
+            EAGLE-2 dynamic tree keeping the best nodes by score) biases the strict rule when q is
+            given. Return q=None then: the point-mass rule (accept child x with the residual's
+            probability of x, else zero x) is exact however the distinct children were chosen.
     """
 
     tree: Tree

@@ -105,6 +105,43 @@ def test_point_mass_rule_is_exact_whatever_drew_the_children(monkeypatch):
     torch.testing.assert_close(emitted_law(p, q, [], 3), p, atol=1e-9, rtol=0)
 
 
+def pruned_law(p: torch.Tensor, q: torch.Tensor, keep_second, point_masses: bool) -> torch.Tensor:
+    """Exact law of the emitted token when two children are drawn from q without replacement and the
+    second is kept only if keep_second(x2) (a choice that looks at the drawn value, like score-based pruning)."""
+    vocab = p.shape[0]
+    out = torch.zeros_like(p)
+    for x1 in range(vocab):
+        x1t = torch.tensor([x1])
+        q1 = rules.sibling_draft(None if point_masses else q[None], x1t, vocab)[0].double()
+        a1 = min(1.0, float(p[x1] / q1[x1]))
+        out[x1] += q[x1] * a1
+        r = rules.residual(p[None], q1[None])[0]
+        left = rules.remove_drawn(q[None], x1t)[0]
+        for x2 in range(vocab):
+            chance = float(q[x1] * (1 - a1) * left[x2] / left.sum())
+            if x2 == x1 or chance == 0:
+                continue
+            if not keep_second(x2):
+                out += chance * r
+                continue
+            x2t = torch.tensor([x2])
+            q2 = rules.sibling_draft(None if point_masses else left[None], x2t, vocab)[0].double()
+            a2 = min(1.0, float(r[x2] / q2[x2]))
+            out[x2] += chance * a2
+            out += chance * (1 - a2) * rules.residual(r[None], q2[None])[0]
+    return out
+
+
+def test_value_dependent_pruning_needs_point_masses():
+    """Why Proposal.q must be None for trees pruned by the drafted values (EAGLE-2 dynamic trees): the q rule
+    is then biased, the point-mass rule stays exact."""
+    p, q = toy(8, 3, 1.0, 0, 1.0)
+    likely = lambda x: bool(q[x] >= q.sort().values[-3])
+    torch.testing.assert_close(pruned_law(p, q, lambda x: True, point_masses=False), p, atol=1e-9, rtol=0)
+    torch.testing.assert_close(pruned_law(p, q, likely, point_masses=True), p, atol=1e-9, rtol=0)
+    assert (pruned_law(p, q, likely, point_masses=False) - p).abs().max() > 1e-3
+
+
 # ---- statistical tests on a Markov toy target ------------------------------------------------------
 def draft(tree: Tree, temperature: float, sampled: bool, generator) -> tuple[torch.Tensor, torch.Tensor | None]:
     """tokens [ROWS, N] and, when sampled, q [ROWS, N, V]: children drawn without replacement from the
