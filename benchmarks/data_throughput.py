@@ -79,6 +79,8 @@ def main() -> None:
         totals["generate"][0] += sum(map(len, b))
         totals["generate"][1] += tb
         same += sum(x == y for x, y in zip(a, b))
+        print(f"  batch of {len(batch)}: ours {sum(map(len, a))} tokens in {ta:.1f} s, "
+              f"generate {sum(map(len, b))} tokens in {tb:.1f} s", flush=True)
     rate = {k: n / s for k, (n, s) in totals.items()}
     for k, (n, s) in totals.items():
         print(f"  {k:>9}: {n} tokens in {s:.1f} s = {rate[k]:.1f} tokens/s")

@@ -86,7 +86,7 @@ def run_data(recipe, *, overwrite: bool = False, dry_run: bool = False, target=N
     generate_shards(out, shards, backend, recipe.data, procs)
     procs.wait()
     if procs.is_main:
-        datastore.merge(out, len(shards), recipe, skipped, len(prompts))
+        datastore.merge(out, len(shards), recipe, skipped, len(prompts), procs.count)
         datastore.print_summary(out)
     procs.wait()
     return out

@@ -144,7 +144,7 @@ def write_shard(out: Path, index: int, chats: list, seconds: float) -> None:
     os.replace(tmp, final)
 
 
-def merge(out: Path, count: int, recipe, skipped: collections.Counter, num_prompts: int) -> None:
+def merge(out: Path, count: int, recipe, skipped: collections.Counter, num_prompts: int, processes: int = 1) -> None:
     """Join the shards in prompt order into the folder's dataset, write the summary, mark complete."""
     import datasets
 
@@ -159,7 +159,7 @@ def merge(out: Path, count: int, recipe, skipped: collections.Counter, num_promp
         table = table.select(sorted(range(len(ids)), key=ids.__getitem__))
         table.save_to_disk(str(out))
     stats = [json.loads((shard_path(out, i) / "stats.json").read_text()) for i in range(count)]
-    update_meta(out, complete=True, summary=summarise(stats, skipped, num_prompts))
+    update_meta(out, complete=True, summary={**summarise(stats, skipped, num_prompts), "processes": processes})
     shutil.rmtree(Path(out) / SHARDS, ignore_errors=True)
 
 
@@ -186,7 +186,8 @@ def print_summary(out: Path) -> None:
     s = read_meta(out).get("summary", {})
     print(f"draftheads data: {s.get('rows', 0)} rows from {s.get('prompts', 0)} prompts, {s.get('tokens', 0)} tokens "
           f"({s.get('generated_tokens', 0)} generated), mean response {s.get('mean_response_tokens', 0):.1f} tokens")
-    print(f"  generation: {s.get('tokens_per_second', 0):.1f} tokens/s over {s.get('generation_seconds', 0):.1f} s")
+    each = f" per process, {s['processes']} processes" if s.get("processes", 1) > 1 else ""
+    print(f"  generation: {s.get('tokens_per_second', 0):.1f} tokens/s{each} over {s.get('generation_seconds', 0):.1f} s")
     for reason, n in sorted(s.get("dropped", {}).items(), key=lambda kv: -kv[1]):
         print(f"  dropped/noted: {n} {reason}")
     print(f"  -> {out}")
