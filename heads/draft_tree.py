@@ -114,7 +114,6 @@ class Forest:
     scores: list[float] = field(default_factory=lambda: [0.0])  # cumulative draft log-probability
     tokens: list[int] = field(default_factory=list)
     children: dict[int, list[int]] = field(default_factory=dict)  # by rank
-    dists: dict[int, torch.Tensor] = field(default_factory=dict)  # node -> [V] its children's q
 
     def add(self, parent: int, token: int, score: float) -> None:
         kids = self.children.setdefault(parent, [])
@@ -138,8 +137,6 @@ def grow_dynamic(spec: DynamicTreeSpec, root: int, expand: Expand, sampling: Sam
         for i, node in enumerate(frontier):
             for token, lp in zip(picked[i].tolist(), logp[i]):
                 forest.add(node, token, forest.scores[node] + lp)
-            if sampling.sampled:
-                forest.dists[node] = probs[i]
         new = [v for v, d in enumerate(forest.depths) if d == level + 1]
         frontier = sorted(sorted(new, key=lambda v: -forest.scores[v])[: spec.top_k])
     return forest
@@ -163,7 +160,7 @@ def select_nodes(forest: Forest, total: int) -> list[int]:
 
 
 def forest_to_tree(forest: Forest, kept: list[int]):
-    """Kept forest nodes -> (Tree, tokens [1, N], q [1, N, V] or None), node 0 the root."""
+    """Kept forest nodes -> (Tree, tokens [1, N]), node 0 the root."""
     paths = {0: ()}
     for node in sorted(kept, key=lambda v: forest.depths[v]):
         paths[node] = paths[forest.parents[node]] + (forest.ranks[node],)
@@ -171,20 +168,19 @@ def forest_to_tree(forest: Forest, kept: list[int]):
     index = {paths[v]: v for v in paths}
     order = [0] + [index[p] for p in tree.paths]
     tokens = torch.tensor([[forest.tokens[v] for v in order]])
-    q = None
-    if forest.dists:
-        zeros = torch.zeros_like(next(iter(forest.dists.values())))
-        q = torch.stack([forest.dists.get(v, zeros) for v in order])[None]
-    return tree, tokens, q
+    return tree, tokens
 
 
 def draft_dynamic(spec: DynamicTreeSpec, root: torch.Tensor, expand: Expand, sampling: Sampling):
-    """EAGLE-2 dynamic tree for one sequence: root [1] -> (Tree, tokens [1, N], q or None).
+    """EAGLE-2 dynamic tree for one sequence: root [1] -> (Tree, tokens [1, N], None).
 
-    N = total_tokens drafted nodes + the root (fewer if the candidates run out).
+    N = total_tokens drafted nodes + the root (fewer if the candidates run out). q is always None:
+    which sampled children survive depends on their drawn values (pruning by score), and then the
+    q-based tree rule is biased, while treating every child as a point mass stays exact however the
+    children were chosen (tests/inference: test_value_dependent_pruning_needs_point_masses).
     """
     if root.numel() != 1:
         raise ValueError(f"dynamic trees are built for one sequence at a time, got a batch of {root.numel()}")
     forest = grow_dynamic(spec, int(root.reshape(-1)[0]), expand, sampling, root.device)
-    tree, tokens, q = forest_to_tree(forest, select_nodes(forest, spec.total_tokens))
-    return tree, tokens.to(root.device), q
+    tree, tokens = forest_to_tree(forest, select_nodes(forest, spec.total_tokens))
+    return tree, tokens.to(root.device), None

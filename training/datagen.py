@@ -27,6 +27,7 @@ from draftheads.training.chat import show_mask, start_chat
 from draftheads.training.prompts import collect_prompts, read_prompts, save_prompts
 
 PROMPTS = "prompts.jsonl"
+SELF_PARTIAL = "self_prompts.partial.jsonl"
 
 
 @dataclasses.dataclass
@@ -119,12 +120,44 @@ def ensure_prompts(out: Path, data, backend, procs: Processes):
     path = out / PROMPTS
     skipped = collections.Counter()
     if procs.is_main and not path.exists():
-        prompts, skipped = collect_prompts(data, write=backend.write)
+        partial = out / SELF_PARTIAL
+        prompts, skipped = collect_prompts(data, write=resumable_writer(partial, backend.write, data.batch_size))
         save_prompts(path, prompts)
         datastore.update_meta(out, prompt_skips=dict(skipped))
+        partial.unlink(missing_ok=True)
     procs.wait()
     skipped = collections.Counter(datastore.read_meta(out).get("prompt_skips", {}))
     return read_prompts(path), skipped
+
+
+def resumable_writer(path: Path, write, chunk: int):
+    """Wrap a backend's `write(count, max_tokens, temperature, seed)` so self prompts are written in
+    chunks, each with its own seed and appended to `path` once finished: a run killed while the
+    target writes its prompts re-uses the finished chunks and ends with the same prompts."""
+    from tqdm.auto import tqdm
+
+    done = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # the line a kill cut short
+                continue
+            done[tuple(record["key"])] = [tuple(t) for t in record["texts"]]
+
+    def write_chunks(count: int, max_tokens: int, temperature: float, seed: int) -> list:
+        texts = []
+        starts = range(0, count, chunk)
+        for index, start in enumerate(tqdm(starts, desc="draftheads data: target writes prompts", unit="batch", mininterval=1.0)):
+            key = (seed, count, index)
+            if key not in done:
+                done[key] = write(min(chunk, count - start), max_tokens, temperature, seed * 100_003 + index)
+                with path.open("a") as f:
+                    f.write(json.dumps({"key": list(key), "texts": done[key]}) + "\n")
+            texts.extend(done[key])
+        return texts
+
+    return write_chunks
 
 
 def plan_chats(prompts, tokenizer, data) -> tuple[list, collections.Counter]:

@@ -51,8 +51,8 @@ def test_dynamic_tree_expands_the_best_frontier_and_keeps_the_global_best():
     kept = select_nodes(forest, spec.total_tokens)
     best = sorted(range(1, len(forest.parents)), key=lambda v: -forest.scores[v])[: spec.total_tokens]
     assert sorted(kept) == sorted(best)
-    tree, tokens, q = forest_to_tree(forest, kept)
-    assert tree.num_nodes == spec.total_tokens + 1 and q is None
+    tree, tokens = forest_to_tree(forest, kept)
+    assert tree.num_nodes == spec.total_tokens + 1
     assert list(tree.paths) == sorted(tree.paths, key=lambda p: (len(p), p))
     for node in range(1, tree.num_nodes):  # the child of rank r is the parent's r-th best token
         parent_path = tuple(tokens[0, tree.ancestors(tree.parents[node])].tolist())
@@ -63,13 +63,15 @@ def test_sampled_dynamic_tree_keeps_elder_siblings():
     spec = DynamicTreeSpec(top_k=3, depth=3, total_tokens=7)
     sampling = Sampling(temperature=1.5, generator=torch.Generator().manual_seed(0))
     tree, tokens, q = draft_dynamic(spec, torch.tensor([5]), stub_expand([]), sampling)
-    assert tree.num_nodes == 8 and tokens.shape == (1, 8) and q.shape == (1, 8, VOCAB)
+    assert tree.num_nodes == 8 and tokens.shape == (1, 8)
+    assert q is None  # value-dependent pruning: only the point-mass rule is exact
     for node in range(tree.num_nodes):
         kids = tree.children[node]
         assert [tree.ranks[c] for c in kids] == list(range(len(kids)))  # no gaps: elder siblings kept
-        if kids:
+        if kids:  # children are distinct draws from the warped draft distribution's support
             path = tuple(tokens[0, tree.ancestors(node)].tolist())
-            torch.testing.assert_close(q[0, node], warp_probs(path_logits(path), 1.5))
+            support = warp_probs(path_logits(path), 1.5) > 0
+            assert bool(support[tokens[0, list(kids)]].all())
             assert len(set(tokens[0, list(kids)].tolist())) == len(kids)
 
 

@@ -380,3 +380,32 @@ def test_self_prompts_end_to_end(tmp_path, target, monkeypatch):
     written = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines()]
     assert len(written) == 5 and all(p["source"] == "self" for p in written)
     assert len({p["turns"][0] for p in written}) == 5 and len(load(out)["prompt_id"]) <= 5
+
+
+def test_self_prompt_writing_resumes_from_finished_chunks(tmp_path):
+    from draftheads.training.datagen import resumable_writer
+
+    calls = []
+
+    def write(count, max_tokens, temperature, seed):
+        calls.append(seed)
+        return [(f"prompt {seed} {i}", True) for i in range(count)]
+
+    full = resumable_writer(tmp_path / "straight.jsonl", write, 4)(10, 16, 1.0, 3)
+    assert len(full) == 10 and len(set(full)) == 10
+
+    class Killed(Exception):
+        pass
+
+    def dies_on_third_chunk(count, max_tokens, temperature, seed):
+        if len(calls) == 5:  # 3 straight calls + 2 finished chunks of this run
+            raise Killed
+        return write(count, max_tokens, temperature, seed)
+
+    partial = tmp_path / "partial.jsonl"
+    with pytest.raises(Killed):
+        resumable_writer(partial, dies_on_third_chunk, 4)(10, 16, 1.0, 3)
+    partial.write_text(partial.read_text() + '{"key": [3, 10')  # a line the kill cut short
+    calls.clear()
+    assert resumable_writer(partial, write, 4)(10, 16, 1.0, 3) == full
+    assert len(calls) == 1  # only the unfinished chunk is written again
