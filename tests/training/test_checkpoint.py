@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from draftheads.errors import DraftheadsError
+from draftheads.heads import HEAD_TYPES
 from draftheads.recipe import load_recipe
 from draftheads.training import checkpoint as C
 from draftheads.training import loop
@@ -55,6 +56,10 @@ HEADS = {
     "noisy": None,  # the test double: its input noise needs RNG restored exactly
     "medusa": {"type": "medusa", "num_heads": 2},
 }
+if "eagle" in HEAD_TYPES:
+    HEADS["eagle"] = {"type": "eagle", "input_noise": 0.2}  # noise from the global RNG, like the double
+if "mtp" in HEAD_TYPES:
+    HEADS["mtp"] = {"type": "mtp", "depth": 2}
 
 
 @pytest.mark.parametrize("head", list(HEADS))

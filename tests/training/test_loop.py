@@ -215,9 +215,9 @@ def test_bundled_accelerate_configs_load():
     assert load_config_from_file(str(REPO / "recipes/accelerate/deepspeed_zero2.yaml")).deepspeed_config["zero_stage"] == 2
 
 
-@pytest.mark.slow
 def test_two_process_ddp_equals_one_process_with_accumulation(tmp_path, data_dir, tiny_target_dir):
     """DDP averages the two ranks' gradients; one process accumulating the same two batches does the same.
+    (~16 s on 2 idle cores: two launched processes each import torch/transformers.)
 
     19 training rows in batches of 3 give 6 batches per epoch: rank r takes batches r, r+2, r+4, and
     the single process takes them in pairs (0,1), (2,3), (4,5), so every step sees the same rows.
