@@ -44,7 +44,10 @@ def test_folder_without_config_json(tmp_path, capsys):
 
 
 def test_unreachable_hub_id_offline(monkeypatch, capsys):
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read once at import
     assert main(["recipe", "show", "medusa-smollm2", "target.name=no-such-org/no-such-model"]) == 2
     err = capsys.readouterr().err
     assert "could not load 'no-such-org/no-such-model'" in err and "local model folder" in err
