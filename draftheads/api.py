@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from draftheads.errors import NotImplementedYet
 from draftheads.training.target import load_target
 
 __all__ = ["load_target", "build_drafter", "load_drafter", "speculative_generate"]

@@ -15,7 +15,6 @@ import datetime
 import json
 from pathlib import Path
 
-import torch
 
 from draftheads.errors import DraftheadsError
 from draftheads.inference.combined import CombinedDrafter

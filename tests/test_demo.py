@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from draftheads.demo import demo_recipe, run_demo
 from draftheads.errors import DraftheadsError
@@ -14,15 +13,6 @@ from tests.fixtures import make_target, make_tokenizer
 
 USERS = ["Write a function that adds two numbers", "Hello! How can I help you today?", "def add(a, b):",
          "for i in range(10):", "class Stack:", "Write a function that returns the sum"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on a shared 2-core machine run fastest on one thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def tiny_overrides(prompts) -> dict:

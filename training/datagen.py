@@ -17,7 +17,6 @@ import collections
 import dataclasses
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 

@@ -10,16 +10,11 @@ tensors alone; refused combinations fail with a one-line error that lists the al
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from draftheads.api import build_drafter, load_drafter
 from draftheads.config import build, to_dict

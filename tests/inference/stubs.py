@@ -6,7 +6,7 @@ import torch
 
 from draftheads.inference.drafter import Proposal
 from draftheads.inference.sampling import pick_children, warp_probs
-from draftheads.inference.tree import DynamicTreeSpec, Tree
+from draftheads.inference.tree import Tree
 
 
 def static(tree) -> Tree:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import torch
 
 from draftheads.errors import DraftheadsError
 from draftheads.inference.auto_tree import auto_tree, expected_accepted, from_topk, path_value

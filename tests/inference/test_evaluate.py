@@ -26,15 +26,6 @@ from tests.inference.stubs import OracleDrafter, RandomDrafter
 PROMPTS = ["Write a function that returns the sum of a list of numbers.", "for i in range(10):\n    print(i * i)\n"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on a shared 2-core machine run fastest on one thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @functools.cache
 def fixture():
     tokenizer = make_tokenizer("chatml")

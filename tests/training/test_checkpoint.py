@@ -12,28 +12,8 @@ from draftheads.training import checkpoint as C
 from draftheads.training import loop
 from draftheads.training.loop import run_training
 from tests.training.train_helpers import (
-    NoisyDrafter, make_dataset, max_weight_diff, reset_accelerate, tiny_recipe,
+    NoisyDrafter, max_weight_diff, tiny_recipe,
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run much faster on one thread when other test processes share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate():
-    yield
-    reset_accelerate()
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory, llama_target):
-    return make_dataset(llama_target, tmp_path_factory.mktemp("data") / "rows")
 
 
 class Crash(Exception):

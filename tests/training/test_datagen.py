@@ -24,15 +24,6 @@ USERS = ["Write a function that adds two numbers", "Hello! How can I help you to
          "Speculative decoding drafts tokens cheaply", "class Stack:", "Write a function that returns the sum"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on a shared 2-core machine: one thread avoids spin-wait contention (10x faster here)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def target():
     tok = make_tokenizer("chatml")

@@ -13,26 +13,7 @@ from draftheads.heads import HEAD_TYPES
 from draftheads.training import batches as B
 from draftheads.training import features as Fe
 from draftheads.training.loop import run_training
-from tests.training.train_helpers import make_dataset, max_weight_diff, reset_accelerate, tiny_recipe
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate():
-    yield
-    reset_accelerate()
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory, llama_target):
-    return make_dataset(llama_target, tmp_path_factory.mktemp("data") / "rows")
+from tests.training.train_helpers import max_weight_diff, tiny_recipe
 
 
 def build(target, data_dir, folder, layers, dtype="fp32", batch_size=4):

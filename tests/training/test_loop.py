@@ -20,28 +20,9 @@ from draftheads.training import batches as B
 from draftheads.training.loop import run_training
 from draftheads.training.metrics import acceptance_length
 from draftheads.training.setup import lr_factor
-from tests.training.train_helpers import drafter_weights, make_dataset, max_weight_diff, reset_accelerate, tiny_recipe
+from tests.training.train_helpers import drafter_weights, max_weight_diff, tiny_recipe
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate():
-    yield
-    reset_accelerate()
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory, llama_target):
-    return make_dataset(llama_target, tmp_path_factory.mktemp("data") / "rows")
 
 
 HEADS = {"medusa": {"type": "medusa", "num_heads": 2}}

@@ -16,14 +16,6 @@ from tests.fixtures import make_target, make_tokenizer
 from tests.training.test_datagen import load, make_recipe, prompt_file
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(autouse=True)
 def fast_retries(monkeypatch):
     monkeypatch.setattr(openai_backend, "BACKOFF_SECONDS", 0.01)

@@ -207,18 +207,7 @@ def test_self_source_needs_a_writer():
         collect_prompts(DataConfig(num_prompts=3))
 
 
-@pytest.fixture
-def one_thread():
-    """A tiny model on a shared 2-core machine: a second thread only spin-waits (10x slower here)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def test_self_prompts_from_a_tiny_target(llama_target, tokenizer, one_thread):
+def test_self_prompts_from_a_tiny_target(llama_target, tokenizer):
     """The target's own generation writes the prompts; every one passes the filter and they are distinct."""
     from draftheads.training.batch_generate import LocalBackend
 
