@@ -51,6 +51,8 @@ class EagleConfig:
     feature_loss_weight: float = doc(1.0, "EAGLE-1/2: weight of SmoothL1(f̂, f)")
     token_loss_weight: float = doc(0.1, "EAGLE-1/2: weight of the token cross-entropy")
     input_noise: float = doc(0.2, "width of the uniform noise added to input features during training (0 = off)")
+    token_loss_fraction: float = doc(1.0, "share of positions, drawn anew each training step, that get the vocabulary-sized "
+                                          "token loss (the feature loss uses all); < 1 trades a noisier token loss for speed")
     default_tree: str = doc("dynamic:8,6,48", "tree used when the caller gives none (chain:K, dynamic:TOPK,DEPTH,TOTAL)")
     init_from: str | None = doc(None, "start from an existing drafter (native or an engine/public layout)")
 
@@ -58,6 +60,7 @@ class EagleConfig:
         check(1 <= self.ttt_steps <= MAX_TTT_STEPS, f"head.ttt_steps must be between 1 and {MAX_TTT_STEPS}, got {self.ttt_steps}")
         check(0 < self.ttt_decay <= 1, f"head.ttt_decay must be in (0, 1], got {self.ttt_decay}")
         check(self.input_noise >= 0, f"head.input_noise must be >= 0, got {self.input_noise}")
+        check(0 < self.token_loss_fraction <= 1, f"head.token_loss_fraction must be in (0, 1], got {self.token_loss_fraction}")
         check(self.token_loss_weight >= 0 and self.feature_loss_weight >= 0, "head loss weights must be >= 0")
         check(self.draft_vocab_size is None or self.draft_vocab_size > 0, "head.draft_vocab_size must be positive")
         if self.feature_layers is not None:
@@ -213,7 +216,10 @@ class EagleDrafter(nn.Module):
     def _step_loss(self, out: torch.Tensor, features: torch.Tensor, batch: dict, step: int):
         """Loss of unroll step `step`: out[:, p] (anchor a = p - step) predicts f_{p+1} and x_{p+2}.
 
-        Returns (loss_sum over counted positions, top-1 hits, count).
+        Returns (loss_sum, top-1 hits, count) over the positions that got the token loss: all counted
+        positions, or in training a random `token_loss_fraction` of them. The projection onto the
+        vocabulary (three [m, H] x [H, V] products with the target's logits) is most of a step's cost
+        on a CPU; the feature loss is cheap and always averages over every counted position.
         """
         mask = shift_mask(batch, step + 2)  # [b, s - step - 2], indexed by the anchor
         span = mask.shape[1]
@@ -222,17 +228,25 @@ class EagleDrafter(nn.Module):
         if labels.numel() == 0:
             return out.sum() * 0.0, 0, 0  # keeps every parameter in the graph (DDP)
         target_f = features[:, step + 1 : step + 1 + span, -self.hidden_size :][mask]  # f_{p+1}
-        logits = self._draft_logits(rows)
+        pick = self._token_loss_positions(labels.numel(), labels.device)
+        logits = self._draft_logits(rows[pick])
         with torch.no_grad():
-            target_p = self._target_logits(target_f).softmax(-1)
+            target_p = self._target_logits(target_f[pick]).softmax(-1)
         loss = -(target_p * logits.log_softmax(-1)).sum(-1)  # soft CE vs the target's distribution
         if not self.config.eagle3:
             smooth_l1 = F.smooth_l1_loss(rows.float(), target_f.float(), reduction="none").mean(-1)
-            loss = self.config.feature_loss_weight * smooth_l1 + self.config.token_loss_weight * loss
+            loss = self.config.feature_loss_weight * smooth_l1.mean() + self.config.token_loss_weight * loss
         guess = logits.argmax(-1)
         if self.config.eagle3:
             guess = self.draft_ids[guess]
-        return loss.sum(), (guess == labels).sum(), labels.numel()
+        return loss.sum(), (guess == labels[pick]).sum(), guess.numel()
+
+    def _token_loss_positions(self, m: int, device) -> torch.Tensor | slice:
+        """Which of m counted positions get the token loss: all of them, or in training a random share."""
+        fraction = self.config.token_loss_fraction
+        if not self.training or fraction >= 1:
+            return slice(None)
+        return torch.randperm(m, device=device)[: max(1, round(fraction * m))]
 
     def _target_logits(self, f: torch.Tensor) -> torch.Tensor:
         """The target's logits from its final features [m, H]; EAGLE-3: only the draft vocabulary's

@@ -234,3 +234,28 @@ def test_training_reduces_loss(llama_target, eagle3):
         hits.append(metrics["correct"][0].item())
     assert losses[-1] - floor < 0.6 * (losses[0] - floor), (floor, losses)
     assert hits[-1] > hits[0], hits
+
+
+def test_token_loss_on_a_random_share_of_positions(llama_target):
+    """token_loss_fraction < 1: training counts the token loss on that share of positions (fresh draws each
+    step) while the feature loss still averages over all; eval mode and fraction 1 count every position."""
+    full = make_drafter(llama_target, input_noise=0.0)
+    part = make_drafter(llama_target, input_noise=0.0, token_loss_fraction=0.25)
+    part.load_state_dict(full.state_dict())
+    batch = make_batch(llama_target, full, b=2, s=24)
+    counted = int(shift_mask(batch, 2).sum())
+    part.train()
+    torch.manual_seed(0)
+    _, metrics = part.training_loss(batch)
+    assert int(metrics["total"][0]) == round(0.25 * counted)
+    part.eval()
+    loss_part, metrics_part = part.training_loss(batch)
+    loss_full, metrics_full = full.training_loss(batch)
+    assert int(metrics_part["total"][0]) == counted
+    torch.testing.assert_close(loss_part, loss_full)
+    part.train()
+    torch.manual_seed(1)
+    a = part.training_loss(batch)[0]
+    torch.manual_seed(2)
+    b = part.training_loss(batch)[0]
+    assert not torch.equal(a, b)  # a different share each step
