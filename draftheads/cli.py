@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted; run the same command again to resume where it stopped", file=sys.stderr)
+        print("interrupted; run the same command again to resume where it stopped (the last checkpoint or data shard)",
+              file=sys.stderr)
         return 130
 
 
@@ -127,9 +128,12 @@ def cmd_data(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from draftheads.train import main as train_main  # the entry point of `python -m draftheads.train`
+    """Also the entry point of `python -m draftheads.train` and `accelerate launch -m draftheads.train`."""
+    from draftheads.recipe import load_recipe
+    from draftheads.training.loop import run_training
 
-    return train_main([args.recipe, *args.overrides])
+    run_training(load_recipe(args.recipe, args.overrides))
+    return 0
 
 
 def cmd_eval(args) -> int:
