@@ -34,6 +34,11 @@ def plot_acceptance(rows: list[dict], path: Path) -> None:
            title="Acceptance per depth")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+    save(plt, fig, path)
+
+
+def save(plt, fig, path: Path) -> None:
+    """Write the figure as a PNG and free it (pyplot keeps every open figure alive)."""
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -57,9 +62,7 @@ def plot_temperature(rows: list[dict], path: Path) -> None:
     for ax in (left, right):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(plt, fig, path)
 
 
 def plot_accepted_lengths(rows: list[dict], path: Path) -> None:
@@ -84,9 +87,7 @@ def plot_accepted_lengths(rows: list[dict], path: Path) -> None:
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(plt, fig, path)
 
 
 PLOTS = {

@@ -44,3 +44,17 @@ def perturb(drafter: torch.nn.Module, seed: int = 1, scale: float = 0.05) -> Non
 
 def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def train_steps(drafter, batch: dict, steps: int = 20, lr: float = 3e-3) -> tuple[list[float], list[int]]:
+    """AdamW steps on one batch; (loss per step, depth-1 top-1 hits per step)."""
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=lr)
+    losses, hits = [], []
+    for _ in range(steps):
+        loss, metrics = drafter.training_loss(batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        hits.append(metrics["correct"][0].item())
+    return losses, hits

@@ -10,6 +10,7 @@ from draftheads.heads import HEAD_CONFIGS
 from draftheads.heads.common import decoder_layer_class, shift_mask
 from draftheads.heads.eagle import EagleConfig, EagleDrafter
 from draftheads.inference.tree import DynamicTreeSpec, Tree
+from tests.heads.batches import train_steps
 
 STATIC_TREE = Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (0, 0, 0, 0)])
 
@@ -223,15 +224,7 @@ def test_training_reduces_loss(llama_target, eagle3):
         drafter.set_draft_vocab(torch.bincount(batch["input_ids"].flatten(), minlength=llama_target.config.vocab_size))
         target_f = batch["features"][:, 1:-1, -llama_target.config.hidden_size :][shift_mask(batch, 2)]
         floor = torch.special.entr(drafter._target_logits(target_f).softmax(-1)).sum(-1).mean().item()
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
-    losses, hits = [], []
-    for _ in range(20):
-        loss, metrics = drafter.training_loss(batch)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-        hits.append(metrics["correct"][0].item())
+    losses, hits = train_steps(drafter, batch)
     assert losses[-1] - floor < 0.6 * (losses[0] - floor), (floor, losses)
     assert hits[-1] > hits[0], hits
 

@@ -10,6 +10,7 @@ from draftheads.heads import HEAD_CONFIGS
 from draftheads.heads.mtp import MTPConfig, MTPDrafter
 from draftheads.inference.sampling import warp_probs
 from draftheads.inference.tree import DynamicTreeSpec, Tree
+from tests.heads.batches import train_steps
 
 TREE = Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (1, 0, 0)])
 
@@ -129,14 +130,6 @@ def test_dynamic_tree_and_depth_limit(llama_target):
 def test_training_reduces_loss(llama_target):
     drafter = make_drafter(llama_target, depth=2).train()
     batch = make_batch(llama_target, s=16, generated=True)
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
-    losses, hits = [], []
-    for _ in range(20):
-        loss, metrics = drafter.training_loss(batch)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-        hits.append(metrics["correct"][0].item())
+    losses, hits = train_steps(drafter, batch)
     assert losses[-1] < 0.5 * losses[0], losses
     assert hits[-1] > hits[0], hits

@@ -9,7 +9,6 @@ import torch
 from accelerate import Accelerator
 
 from draftheads.errors import DraftheadsError
-from draftheads.heads import HEAD_TYPES
 from draftheads.training import batches as B
 from draftheads.training import features as Fe
 from draftheads.training.loop import run_training
@@ -79,12 +78,12 @@ def test_cache_key_changes_with_what_the_values_depend_on(data_dir, llama_target
     assert key != Fe.cache_key(make_target("llama", tokenizer, seed=1), (-1,), 64, "bf16", rows, lengths)
 
 
-OFFLINE_HEADS = {"medusa": {"type": "medusa", "num_heads": 2}}
-if "eagle" in HEAD_TYPES:
-    OFFLINE_HEADS["eagle"] = {"type": "eagle"}
-    OFFLINE_HEADS["eagle3"] = {"type": "eagle", "eagle3": True, "ttt_steps": 2, "draft_vocab_size": 128}
-if "mtp" in HEAD_TYPES:
-    OFFLINE_HEADS["mtp"] = {"type": "mtp", "depth": 2}
+OFFLINE_HEADS = {
+    "medusa": {"type": "medusa", "num_heads": 2},
+    "eagle": {"type": "eagle"},
+    "eagle3": {"type": "eagle", "eagle3": True, "ttt_steps": 2, "draft_vocab_size": 128},
+    "mtp": {"type": "mtp", "depth": 2},
+}
 
 
 @pytest.mark.parametrize("head", list(OFFLINE_HEADS))
