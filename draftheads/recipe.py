@@ -51,13 +51,17 @@ class PromptSource:
     columns: dict[str, str] = doc({}, "column renames, e.g. {conversations: dialog}")
     limit: int | None = doc(None, "use at most this many rows of the source")
     temperature: float = doc(1.0, "'self' only: sampling temperature of the prompts the target writes")
-    max_tokens: int = doc(128, "'self' only: longest prompt the target writes, in tokens (longer ones are dropped)")
+    max_tokens: int = doc(128, "'self' only: longest prompt the target writes, in tokens (longer ones are cut back to their "
+                                      "last full sentence, or dropped if they have none)")
+    starts_with: str = doc("", "'self' only: words every prompt begins with, steering the topic (e.g. 'Write a Python function')")
 
     def __post_init__(self):
         check(self.weight > 0, f"data.prompts: weight must be positive, got {self.weight}")
         check(self.limit is None or self.limit > 0, f"data.prompts: limit must be positive, got {self.limit}")
         check(self.temperature > 0, f"data.prompts: temperature must be > 0 (greedy would write one prompt over and over), got {self.temperature}")
         check(self.max_tokens > 0, f"data.prompts: max_tokens must be positive, got {self.max_tokens}")
+        check(not self.starts_with or self.source == "self", f"data.prompts: starts_with only applies to source 'self', not '{self.source}'")
+        check(self.starts_with == self.starts_with.rstrip(), "data.prompts: starts_with must not end with a space (the target writes the next word with its own space)")
 
 
 @dataclass

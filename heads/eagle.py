@@ -45,7 +45,9 @@ class EagleConfig:
     type: Literal["eagle"] = doc("eagle", "head type")
     eagle3: bool = doc(False, "EAGLE-3: fused low/mid/high features, training-time test, reduced draft vocabulary")
     feature_layers: list[int] | None = doc(None, "EAGLE-3: target layers whose outputs are fused (default {2, N//2, N-3})")
-    draft_vocab_size: int | None = doc(None, "EAGLE-3: draft vocabulary size (default min(32000, target vocab))")
+    draft_vocab_size: int | None = doc(None, "draft only among this many most frequent target-generated tokens. EAGLE-3: its own "
+                                             "lm_head (default min(32000, target vocab)); EAGLE-1/2: rows of the target's lm_head "
+                                             "(default: the full vocabulary), making each draft step several times cheaper")
     ttt_steps: int = doc(1, "training-time test: unroll this many steps on the drafter's own outputs")
     ttt_decay: float = doc(0.8, "training-time test: step j's loss is weighted decay^j")
     feature_loss_weight: float = doc(1.0, "EAGLE-1/2: weight of SmoothL1(f̂, f)")
@@ -66,12 +68,12 @@ class EagleConfig:
         if self.feature_layers is not None:
             check(len(self.feature_layers) == 3, f"head.feature_layers must list 3 target layers, got {len(self.feature_layers)}")
             check(self.eagle3, "head.feature_layers only applies with head.eagle3: true")
-        if not self.eagle3:
-            check(self.draft_vocab_size is None, "head.draft_vocab_size only applies with head.eagle3: true")
 
     def resolve(self, num_layers: int, vocab_size: int) -> None:
         """Fill the values derived from the target and check those that depend on it."""
         if not self.eagle3:
+            if self.draft_vocab_size is not None:
+                check(self.draft_vocab_size <= vocab_size, f"head.draft_vocab_size {self.draft_vocab_size} exceeds the target vocabulary ({vocab_size})")
             return
         if self.feature_layers is None:
             self.feature_layers = [2, num_layers // 2, num_layers - 3] if num_layers >= 6 else [0, num_layers // 2, num_layers - 1]
@@ -112,12 +114,14 @@ class EagleDrafter(nn.Module):
             self.embed_norm = make_norm(self.layer, hidden, eps)  # the layer's input_layernorm normalises h
             self.norm = make_norm(self.layer, hidden, eps)
             self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
-            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
-            self.register_buffer("t2d", torch.arange(dims.vocab_size) < config.draft_vocab_size)
         else:
             self.feature_layers = (-1,)
             self.fc = nn.Linear(2 * hidden, hidden, bias=True)
             self.layer.input_layernorm = nn.Identity()  # f is already normalised by the target
+        if config.draft_vocab_size is not None:
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+            self.register_buffer("t2d", torch.arange(dims.vocab_size) < config.draft_vocab_size)
+        self._draft_rows = None  # EAGLE-1/2 with a draft vocabulary: (key, the target lm_head's rows for it)
         self.reset()
 
     @classmethod
@@ -145,9 +149,23 @@ class EagleDrafter(nn.Module):
         return self.fc.weight.dtype
 
     @property
+    def has_draft_vocab(self) -> bool:
+        return self.config.draft_vocab_size is not None
+
+    @property
     def draft_ids(self) -> torch.Tensor:
-        """[Vd] target token id of each draft-vocabulary entry (EAGLE-3)."""
+        """[Vd] target token id of each draft-vocabulary entry."""
         return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+
+    def _draft_lm_head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """EAGLE-1/2 with a draft vocabulary: the target lm_head's rows for it (weight, bias), gathered once per
+        vocabulary. A [Vd, H] slice small enough to stay in cache is what makes the draft step cheap on a CPU."""
+        weight, bias = self._lm_head.weight, getattr(self._lm_head, "bias", None)
+        key = (self.d2t._version, self.d2t.data_ptr(), weight.data_ptr(), weight.dtype, weight.device)
+        if self._draft_rows is None or self._draft_rows[0] != key:
+            ids = self.draft_ids.to(weight.device)
+            self._draft_rows = (key, (weight[ids].contiguous(), bias[ids] if bias is not None else None))
+        return self._draft_rows[1]
 
     def _initial_carry(self, features: torch.Tensor) -> torch.Tensor:
         """features [b, n, F] -> carry [b, n, H] from the target's own hidden states."""
@@ -164,15 +182,19 @@ class EagleDrafter(nn.Module):
         return run_layer(self.layer, self._rotary, hidden, position_ids, visible, cache)
 
     def _draft_logits(self, out: torch.Tensor) -> torch.Tensor:
-        """[..., H] -> [..., V] (EAGLE-1/2, target lm_head) or [..., Vd] (EAGLE-3, own head), fp32."""
+        """[..., H] -> [..., V] (EAGLE-1/2, target lm_head) or [..., Vd] (EAGLE-3's own head, or the target
+        lm_head's rows for the draft vocabulary), fp32."""
         if self.config.eagle3:
             return self.lm_head(self.norm(out)).float()
+        if self.has_draft_vocab:
+            weight, bias = self._draft_lm_head()
+            return F.linear(out.to(weight.dtype), weight, bias).float()
         return self._lm_head(out.to(self._lm_head.weight.dtype)).float()
 
     def _vocab_logits(self, out: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V] over the target vocabulary (-inf outside EAGLE-3's draft vocabulary)."""
         logits = self._draft_logits(out)
-        if not self.config.eagle3:
+        if not self.has_draft_vocab:
             return logits
         full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
         return full.index_copy(-1, self.draft_ids, logits)
@@ -237,7 +259,7 @@ class EagleDrafter(nn.Module):
             smooth_l1 = F.smooth_l1_loss(rows.float(), target_f.float(), reduction="none").mean(-1)
             loss = self.config.feature_loss_weight * smooth_l1.mean() + self.config.token_loss_weight * loss
         guess = logits.argmax(-1)
-        if self.config.eagle3:
+        if self.has_draft_vocab:
             guess = self.draft_ids[guess]
         return loss.sum(), (guess == labels[pick]).sum(), guess.numel()
 
@@ -249,24 +271,23 @@ class EagleDrafter(nn.Module):
         return torch.randperm(m, device=device)[: max(1, round(fraction * m))]
 
     def _target_logits(self, f: torch.Tensor) -> torch.Tensor:
-        """The target's logits from its final features [m, H]; EAGLE-3: only the draft vocabulary's
-        columns (softmax over them is the target distribution restricted to the draft vocabulary)."""
+        """The target's logits from its final features [m, H]; with a draft vocabulary only its columns
+        (softmax over them is the target distribution restricted to the draft vocabulary)."""
         weight, bias = self._lm_head.weight, getattr(self._lm_head, "bias", None)
-        if self.config.eagle3:
-            weight = weight[self.draft_ids]
-            bias = bias[self.draft_ids] if bias is not None else None
+        if self.has_draft_vocab:
+            weight, bias = self._draft_lm_head()
         return F.linear(f.to(weight.dtype), weight, bias).float()
 
     @torch.no_grad()
     def set_draft_vocab(self, token_counts: torch.Tensor, init_from_target: bool = True) -> None:
-        """EAGLE-3: draft vocabulary = the draft_vocab_size most frequent tokens (ties: lower id first).
+        """Draft vocabulary = the draft_vocab_size most frequent tokens (ties: lower id first).
 
         token_counts [V]: how often each token is a loss-masked (target-generated) token. Builds
-        d2t (target id = draft id + d2t[draft id]) and t2d ([V] bool). With `init_from_target` and a
-        bound target, the draft lm_head starts as the target's rows for those tokens.
+        d2t (target id = draft id + d2t[draft id]) and t2d ([V] bool). EAGLE-3 with `init_from_target`
+        and a bound target: its own lm_head starts as the target's rows for those tokens.
         """
-        if not self.config.eagle3:
-            raise DraftheadsError("set_draft_vocab only applies to EAGLE-3 (head.eagle3: true)")
+        if not self.has_draft_vocab:
+            raise DraftheadsError("this EAGLE drafter drafts over the full vocabulary; set head.draft_vocab_size to give it a draft vocabulary")
         if token_counts.shape != (self.vocab_size,):
             raise DraftheadsError(f"token counts must have one entry per target token ({self.vocab_size}), got {tuple(token_counts.shape)}")
         size = len(self.d2t)
@@ -275,7 +296,7 @@ class EagleDrafter(nn.Module):
         self.d2t.copy_(chosen - torch.arange(size, device=chosen.device))
         self.t2d.zero_()
         self.t2d[chosen] = True
-        if init_from_target and hasattr(self, "_lm_head"):
+        if self.config.eagle3 and init_from_target and hasattr(self, "_lm_head"):
             self.lm_head.weight.copy_(self._lm_head.weight[chosen])
 
     # ---- drafting (the Drafter protocol) -------------------------------------------------------

@@ -69,8 +69,12 @@ def medusa_from_tgi(tensors: dict, num_layers: int) -> dict:
 # ---- EAGLE-1/2 -------------------------------------------------------------------------------
 
 def eagle_to_engine(state: dict, fold_fc_bias: bool) -> dict:
-    """fc + layers.0.*; with `fold_fc_bias` the fc bias moves into the attention biases (vLLM)."""
-    out = {name.replace("layer.", "layers.0.", 1) if name.startswith("layer.") else name: t for name, t in state.items()}
+    """fc + layers.0.*; with `fold_fc_bias` the fc bias moves into the attention biases (vLLM).
+
+    A draft vocabulary (d2t/t2d) is left out: EAGLE-1 engines draft with the target's whole lm_head,
+    whose rows the draft vocabulary only selects, so the exported layer drafts a superset."""
+    out = {name.replace("layer.", "layers.0.", 1) if name.startswith("layer.") else name: t for name, t in state.items()
+           if name not in ("d2t", "t2d")}
     if fold_fc_bias:
         fold_fc_bias_into_attention(out)
     return out

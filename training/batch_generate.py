@@ -130,16 +130,16 @@ class LocalBackend:
                 if on_batch is not None:
                     on_batch(group, sum(len(o.tokens) for o in outputs))
 
-    def write(self, count: int, max_tokens: int, temperature: float, seed: int) -> list[tuple[str, bool]]:
-        """Magpie: the template up to a user's words, and the target writes the user's message."""
+    def write(self, count: int, max_tokens: int, temperature: float, seed: int, lead: str = "") -> list[tuple[str, bool]]:
+        """Magpie: the template up to a user's words (and `lead`), and the target writes the rest of the message."""
         from draftheads.training.chat import user_turn_prefix
 
-        prefix = user_turn_prefix(self.tokenizer, self.data.system_prompt)
+        prefix = user_turn_prefix(self.tokenizer, self.data.system_prompt, lead)
         generator, texts = self._generator(seed), []
         for start in range(0, count, self.data.batch_size):
             n = min(self.data.batch_size, count - start)
             for out in generate_batch(self.model, [prefix] * n, max_new_tokens=max_tokens, stop_ids=self.stop_ids,
                                       pad_id=self.pad_id, temperature=temperature, top_p=1.0, generator=generator):
                 body = out.tokens[:-1] if out.finished else out.tokens
-                texts.append((self.tokenizer.decode(body, skip_special_tokens=False), out.finished))
+                texts.append((lead + self.tokenizer.decode(body, skip_special_tokens=False), out.finished))
         return texts

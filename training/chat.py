@@ -78,13 +78,14 @@ def stop_token_ids(tokenizer, generation_config=None) -> list[int]:
     return sorted(set(stops))
 
 
-def user_turn_prefix(tokenizer, system: str | None = None) -> list[int]:
-    """Ids of the template up to where a user's words start (Magpie): e.g. '<|im_start|>user\\n'."""
+def user_turn_prefix(tokenizer, system: str | None = None, lead: str = "") -> list[int]:
+    """Ids of the template up to where a user's words start (Magpie): e.g. '<|im_start|>user\\n',
+    followed by `lead`, the words the user's message is made to begin with."""
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": SENTINEL}]
     text = render_text(tokenizer, messages, add_generation_prompt=False)
     if SENTINEL not in text:
         raise DraftheadsError("the chat template drops the user's message; check target.chat_template")
-    return encode(tokenizer, text[: text.index(SENTINEL)])
+    return encode(tokenizer, text[: text.index(SENTINEL)] + lead)
 
 
 @dataclass

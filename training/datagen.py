@@ -130,7 +130,7 @@ def ensure_prompts(out: Path, data, backend, procs: Processes):
 
 
 def resumable_writer(path: Path, write, chunk: int):
-    """Wrap a backend's `write(count, max_tokens, temperature, seed)` so self prompts are written in
+    """Wrap a backend's `write(count, max_tokens, temperature, seed, lead)` so self prompts are written in
     chunks, each with its own seed and appended to `path` once finished: a run killed while the
     target writes its prompts re-uses the finished chunks and ends with the same prompts."""
     from tqdm.auto import tqdm
@@ -144,13 +144,13 @@ def resumable_writer(path: Path, write, chunk: int):
                 continue
             done[tuple(record["key"])] = [tuple(t) for t in record["texts"]]
 
-    def write_chunks(count: int, max_tokens: int, temperature: float, seed: int) -> list:
+    def write_chunks(count: int, max_tokens: int, temperature: float, seed: int, lead: str = "") -> list:
         texts = []
         starts = range(0, count, chunk)
         for index, start in enumerate(tqdm(starts, desc="draftheads data: target writes prompts", unit="batch", mininterval=1.0)):
-            key = (seed, count, index)
+            key = (seed, count, index, lead)
             if key not in done:
-                done[key] = write(min(chunk, count - start), max_tokens, temperature, seed * 100_003 + index)
+                done[key] = write(min(chunk, count - start), max_tokens, temperature, seed * 100_003 + index, lead)
                 with path.open("a") as f:
                     f.write(json.dumps({"key": list(key), "texts": done[key]}) + "\n")
             texts.extend(done[key])

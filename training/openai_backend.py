@@ -85,11 +85,11 @@ class OpenAIBackend:
         choice = self.post("/chat/completions", body)["choices"][0]
         return choice["message"].get("content") or "", choice.get("finish_reason") or "stop"
 
-    def write(self, count: int, max_tokens: int, temperature: float, seed: int) -> list[tuple[str, bool]]:
-        """Magpie through /v1/completions: the raw template up to a user's words, continued by the target."""
+    def write(self, count: int, max_tokens: int, temperature: float, seed: int, lead: str = "") -> list[tuple[str, bool]]:
+        """Magpie through /v1/completions: the raw template up to a user's words (and `lead`), continued by the target."""
         messages = ([{"role": "system", "content": self.data.system_prompt}] if self.data.system_prompt else [])
         text = render_text(self.tokenizer, messages + [{"role": "user", "content": SENTINEL}], add_generation_prompt=False)
-        prefix = text[: text.index(SENTINEL)]
+        prefix = text[: text.index(SENTINEL)] + lead
         stop = [self.tokenizer.decode([i]) for i in self.stop_ids]
 
         def one(k: int) -> tuple[str, bool]:
@@ -99,7 +99,7 @@ class OpenAIBackend:
                 choice = self.post("/completions", body)["choices"][0]
             except Rejected:
                 return "", False
-            return choice.get("text") or "", choice.get("finish_reason") == "stop"
+            return lead + (choice.get("text") or ""), choice.get("finish_reason") == "stop"
 
         with ThreadPoolExecutor(max_workers=self.data.concurrency) as pool:
             return list(pool.map(one, range(count)))

@@ -179,9 +179,25 @@ def load_source(src, skipped: collections.Counter | None = None) -> list[Prompt]
 
 # ---------------------------------------------------------------- self-written prompts (Magpie)
 
-# A generator of user messages: (count, max_tokens, temperature, seed) -> [(text, finished)].
-Writer = Callable[[int, int, float, int], list[tuple[str, bool]]]
+# A generator of user messages: (count, max_tokens, temperature, seed, lead) -> [(text, finished)], each
+# text starting with `lead` (the source's starts_with, "" for none).
+Writer = Callable[[int, int, float, int, str], list[tuple[str, bool]]]
 MARKUP = re.compile(r"<\|[^|>]*\|>|\[/?INST\]|<start_of_turn>|<end_of_turn>|</?s>")
+
+
+SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
+
+
+def trim_unfinished(text: str) -> str | None:
+    """A prompt that max_tokens cut off, back to its last full sentence outside code fences; None if it has none.
+
+    Targets write long task statements (SmolLM2: "Write a Python function that ... . For example, ...");
+    the first sentences already make a complete task, and trimming keeps most of them at a small max_tokens.
+    """
+    for end in reversed([m.end() for m in SENTENCE_END.finditer(text)]):
+        if text[:end].count("```") % 2 == 0:
+            return text[:end]
+    return None
 
 
 def check_self_prompt(text: str, finished: bool) -> str | None:
@@ -227,7 +243,9 @@ def self_prompts(write: Writer, count: int, src, seed: int, skipped: collections
         need = count - len(prompts)
         # Ask for a quarter more than needed: on SmolLM2 at temperature 0.7, 62 of 1,204 written prompts
         # were filtered out or duplicated; later rounds top up whatever is still missing.
-        for text, finished in write(need + need // 4 + 4, src.max_tokens, src.temperature, seed * 1000 + attempt):
+        for text, finished in write(need + need // 4 + 4, src.max_tokens, src.temperature, seed * 1000 + attempt, src.starts_with):
+            if not finished and trim_unfinished(text) is not None:
+                text, finished = trim_unfinished(text), True
             reason = check_self_prompt(text, finished)
             if reason is None and normalise(text) in seen:
                 reason = "duplicate"

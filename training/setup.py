@@ -145,7 +145,7 @@ def make_drafter(recipe, model, rows, train_idx):
         return drafter
     cfg = {k: v for k, v in to_dict(head).items() if k != "type"}
     drafter = build_drafter(head.type, model, **cfg)
-    if hasattr(drafter, "set_draft_vocab") and getattr(drafter.config, "eagle3", True):  # EAGLE-1/2 use the full vocabulary
+    if getattr(drafter, "has_draft_vocab", False):
         vocab = recipe.derived["vocab_size"]
         drafter.set_draft_vocab(B.loss_token_counts(rows, train_idx, recipe.train.max_length, vocab))
     return drafter

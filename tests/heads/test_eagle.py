@@ -17,10 +17,16 @@ STATIC_TREE = Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 
 DRAFT_FAMILIES = ["llama", "qwen3"]
 
 
+# EAGLE-1/2, EAGLE-1/2 drafting among a draft vocabulary (rows of the target's lm_head), EAGLE-3.
+KINDS = [False, "vocab", True]
+KIND_IDS = ["eagle", "eagle-vocab", "eagle3"]
+
+
 def make_drafter(target, eagle3=False, **overrides):
+    """eagle3: False (EAGLE-1/2), True (EAGLE-3) or "vocab" (EAGLE-1/2 with a draft vocabulary)."""
     if eagle3:  # a draft vocabulary smaller than the target's, so the d2t mapping matters
         overrides.setdefault("draft_vocab_size", 200)
-    cfg = EagleConfig(eagle3=eagle3, **overrides)
+    cfg = EagleConfig(eagle3=eagle3 is True, **overrides)
     torch.manual_seed(1)
     drafter = EagleDrafter.from_target(target.config, cfg).bind(target)
     if eagle3:
@@ -57,7 +63,7 @@ def reference_logits(drafter, features, next_tokens, path):
     return drafter._vocab_logits(out[:, -1])[0]
 
 
-@pytest.mark.parametrize("eagle3", [False, True], ids=["eagle", "eagle3"])
+@pytest.mark.parametrize("eagle3", KINDS, ids=KIND_IDS)
 def test_from_target_wiring(tiny_target, eagle3):
     drafter = make_drafter(tiny_target, eagle3)
     hidden, vocab, layers = tiny_target.config.hidden_size, tiny_target.config.vocab_size, tiny_target.config.num_hidden_layers
@@ -65,7 +71,14 @@ def test_from_target_wiring(tiny_target, eagle3):
     target_params = {id(p) for p in tiny_target.parameters()}
     assert not target_params & {id(p) for p in drafter.parameters()}
     assert not any(k.startswith(("_embed", "_lm_head", "embed_tokens")) for k in drafter.state_dict())
-    if eagle3:
+    if eagle3 == "vocab":  # no weights of its own: the target lm_head's rows for the draft vocabulary
+        assert set(drafter.state_dict()) == set(make_drafter(tiny_target).state_dict()) | {"d2t", "t2d"}
+        out = torch.randn(3, hidden)
+        full = tiny_target.lm_head(out).float()
+        got = drafter._vocab_logits(out)
+        torch.testing.assert_close(got[:, drafter.t2d], full[:, drafter.t2d])
+        assert torch.isneginf(got[:, ~drafter.t2d]).all()
+    if eagle3 is True:
         cfg = drafter.config
         assert drafter.feature_layers == (cfg.feature_layers[0] + 1, cfg.feature_layers[1] + 1, cfg.feature_layers[2] + 1, -1)
         assert max(cfg.feature_layers) < layers
@@ -90,7 +103,7 @@ def test_config_round_trip():
     assert to_dict(build(HEAD_CONFIGS["eagle"], to_dict(cfg), "head")) == to_dict(cfg)
 
 
-@pytest.mark.parametrize("eagle3", [False, True], ids=["eagle", "eagle3"])
+@pytest.mark.parametrize("eagle3", KINDS, ids=KIND_IDS)
 def test_gradients_reach_only_the_drafter(tiny_target, eagle3):
     drafter = make_drafter(tiny_target, eagle3, ttt_steps=2).train()
     before = {k: v.clone() for k, v in tiny_target.state_dict().items()}
@@ -104,7 +117,7 @@ def test_gradients_reach_only_the_drafter(tiny_target, eagle3):
     assert all(torch.equal(before[k], v) for k, v in tiny_target.state_dict().items())
 
 
-@pytest.mark.parametrize("eagle3", [False, True], ids=["eagle", "eagle3"])
+@pytest.mark.parametrize("eagle3", KINDS, ids=KIND_IDS)
 def test_unroll_matches_drafting_with_true_tokens(llama_target, eagle3):
     """Step j of the training-time test at position p is exactly depth-(j+1) drafting from
     anchor p - j along the true tokens (same keys visible, same positions)."""
@@ -147,7 +160,7 @@ def observe_prompt(target, drafter, s=14, split=9):
 
 
 @pytest.mark.parametrize("family", DRAFT_FAMILIES, indirect=True)  # llama-like and q/k-norm layers
-@pytest.mark.parametrize("eagle3", [False, True], ids=["eagle", "eagle3"])
+@pytest.mark.parametrize("eagle3", KINDS, ids=KIND_IDS)
 @pytest.mark.parametrize("tree", [Tree.chain(4), STATIC_TREE], ids=["chain", "tree"])
 def test_cached_drafting_matches_recompute(tiny_target, eagle3, tree):
     drafter = make_drafter(tiny_target, eagle3)
@@ -173,7 +186,7 @@ def test_cached_drafting_matches_recompute(tiny_target, eagle3, tree):
             assert (proposal.q[0, list(tree.leaves)] == 0).all()
 
 
-@pytest.mark.parametrize("eagle3", [False, True], ids=["eagle", "eagle3"])
+@pytest.mark.parametrize("eagle3", KINDS, ids=KIND_IDS)
 def test_dynamic_tree(llama_target, eagle3):
     drafter = make_drafter(llama_target, eagle3)
     feats, next_tokens = observe_prompt(llama_target, drafter)
@@ -211,13 +224,18 @@ def test_set_draft_vocab_picks_most_frequent(llama_target):
     proposal = drafter.propose(STATIC_TREE, temperature=0.7, generator=torch.Generator().manual_seed(0))
     assert drafter.t2d[proposal.tokens[0, 1:]].all()
     assert (proposal.q[0, :, ~drafter.t2d] == 0).all()
-    with pytest.raises(DraftheadsError, match="EAGLE-3"):
+    with pytest.raises(DraftheadsError, match="full vocabulary; set head.draft_vocab_size"):
         make_drafter(llama_target).set_draft_vocab(counts)
+    eagle1 = make_drafter(llama_target, eagle3="vocab", draft_vocab_size=5)
+    eagle1.set_draft_vocab(counts)
+    assert eagle1.draft_ids.tolist() == [7, 12, 40, 99, 300]
+    observe_prompt(llama_target, eagle1)
+    assert eagle1.t2d[eagle1.propose(STATIC_TREE).tokens[0, 1:]].all()
 
 
-@pytest.mark.parametrize("eagle3", [False, True], ids=["eagle", "eagle3"])
+@pytest.mark.parametrize("eagle3", KINDS, ids=KIND_IDS)
 def test_training_reduces_loss(llama_target, eagle3):
-    drafter = make_drafter(llama_target, eagle3, ttt_steps=1 if eagle3 else 2).train()
+    drafter = make_drafter(llama_target, eagle3, ttt_steps=1 if eagle3 is True else 2).train()
     batch = make_batch(llama_target, drafter, b=2, s=16, generated=True)
     floor = 0.0
     if eagle3:  # as the training loop does; soft CE cannot go below the restricted target's entropy

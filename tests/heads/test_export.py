@@ -237,6 +237,21 @@ def rms(x, weight, eps=1e-6):
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
+@pytest.mark.parametrize("fmt", ["vllm", "sglang"])
+def test_eagle_draft_vocabulary_is_left_out_of_engine_exports(fmt, targets, natives, tmp_path):
+    """EAGLE-1/2 drafting among a draft vocabulary has no weights of its own for it (rows of the target's
+    lm_head): the engine gets the same layer and drafts over the whole vocabulary."""
+    target = targets["llama"]
+    drafter, _ = natives("llama", "eagle")
+    narrow = build_drafter("eagle", target, draft_vocab_size=50)
+    narrow.load_state_dict({**drafter.state_dict(), "d2t": narrow.d2t, "t2d": narrow.t2d})
+    folder = save_drafter(narrow, tmp_path / "narrow", target=target)
+    loaded = load_drafter(export_drafter(folder, fmt, tmp_path / fmt), target)
+    assert loaded.config.draft_vocab_size is None
+    for key, value in drafter.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[key], value, rtol=0, atol=1e-6, msg=key)
+
+
 def test_vllm_medusa_forward_from_exported_tensors(targets, natives, tmp_path):
     """vLLM: per head x = x + SiLU(W x + b) per block, then lm_heads[h] (shared: lm_heads.0)."""
     target = targets["llama"]

@@ -15,6 +15,7 @@ from tests.inference.test_greedy import plain, prompt_ids, target
 VARIANTS = {
     "medusa": ("medusa", {"num_heads": 3}),
     "eagle": ("eagle", {}),
+    "eagle-vocab": ("eagle", {"draft_vocab_size": 128}),
     "eagle3": ("eagle", {"eagle3": True, "draft_vocab_size": 128}),
     "mtp": ("mtp", {"depth": 2}),
 }

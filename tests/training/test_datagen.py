@@ -378,7 +378,7 @@ def test_self_prompt_writing_resumes_from_finished_chunks(tmp_path):
 
     calls = []
 
-    def write(count, max_tokens, temperature, seed):
+    def write(count, max_tokens, temperature, seed, lead):
         calls.append(seed)
         return [(f"prompt {seed} {i}", True) for i in range(count)]
 
@@ -388,10 +388,10 @@ def test_self_prompt_writing_resumes_from_finished_chunks(tmp_path):
     class Killed(Exception):
         pass
 
-    def dies_on_third_chunk(count, max_tokens, temperature, seed):
+    def dies_on_third_chunk(count, max_tokens, temperature, seed, lead):
         if len(calls) == 5:  # 3 straight calls + 2 finished chunks of this run
             raise Killed
-        return write(count, max_tokens, temperature, seed)
+        return write(count, max_tokens, temperature, seed, lead)
 
     partial = tmp_path / "partial.jsonl"
     with pytest.raises(Killed):

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 HEADS = {"medusa": {"type": "medusa", "num_heads": 2}}
 if "eagle" in HEAD_TYPES:
     HEADS["eagle"] = {"type": "eagle"}
+    HEADS["eagle-vocab"] = {"type": "eagle", "ttt_steps": 2, "draft_vocab_size": 128}
     HEADS["eagle3"] = {"type": "eagle", "eagle3": True, "ttt_steps": 2, "draft_vocab_size": 128}
 if "mtp" in HEAD_TYPES:
     HEADS["mtp"] = {"type": "mtp", "depth": 2}

@@ -190,3 +190,8 @@ def test_self_prompts_through_completions(tmp_path, target):
     assert len(texts) == 3 and all(path.endswith("/completions") for path, _ in server.requests)
     assert all(b["prompt"] == "<|im_start|>user\n" and b["max_tokens"] == 5 and "<|im_end|>" in b["stop"] for b in sent)
     assert len({b["seed"] for b in sent}) == 3
+    with TinyServer(model, tok) as server:
+        data.openai_url = server.url
+        led = openai_backend.OpenAIBackend(tok, data, model="tiny").write(2, max_tokens=5, temperature=1.0, seed=0, lead="Write a")
+        assert all(body["prompt"] == "<|im_start|>user\nWrite a" for _, body in server.requests)
+    assert all(text.startswith("Write a") for text, _ in led)

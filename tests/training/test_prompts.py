@@ -9,7 +9,7 @@ from draftheads.errors import DraftheadsError
 from draftheads.recipe import DataConfig, PromptSource
 from draftheads.training.prompts import (
     Prompt, check_self_prompt, collect_prompts, detect_format, fill_quotas, is_degenerate, load_source,
-    quotas, read_prompts, row_to_prompt, save_prompts, self_prompts,
+    quotas, read_prompts, row_to_prompt, save_prompts, self_prompts, trim_unfinished,
 )
 
 ROWS = {
@@ -174,6 +174,22 @@ def test_self_prompt_filter(text, finished, reason):
     assert check_self_prompt(text, finished) == reason
 
 
+@pytest.mark.parametrize("text,kept", [
+    ("Write a Python function that sums a list. For example, given", "Write a Python function that sums a list."),
+    ("Is it prime? Write a test.\n\nThen use", "Is it prime? Write a test."),
+    ("Fix this code. Example:\n```python\nx = 1. y = 2", "Fix this code."),  # never cut inside a code fence
+    ("Write a Python function that takes a list of", None),
+])
+def test_unfinished_prompts_are_cut_back_to_their_last_sentence(text, kept):
+    assert trim_unfinished(text) == kept
+
+
+def test_self_prompts_keep_the_full_sentences_of_unfinished_prompts():
+    write = lambda n, *_: [(f"Write a function number {i} that sums a list. For example, given", False) for i in range(n)]
+    prompts = self_prompts(write, 2, PromptSource(source="self"), 0, collections.Counter())
+    assert [p.turns[0] for p in prompts] == ["Write a function number 0 that sums a list.", "Write a function number 1 that sums a list."]
+
+
 def test_is_degenerate_leaves_normal_text_alone():
     assert not is_degenerate("Write a function that returns the sum of a list of numbers.\nUse a for loop.")
     assert is_degenerate("a b c a b c a b c a b c a b c")
@@ -181,10 +197,10 @@ def test_is_degenerate_leaves_normal_text_alone():
 
 def test_self_prompts_dedupe_filter_and_count():
     canned = [("How do I sort a list in Python?", True), ("how do I  sort a list in python?", True),
-              ("", True), ("Write a haiku about the sea.", False), ("Explain recursion with an example.", True)]
+              ("", True), ("Write a haiku about the sea and", False), ("Explain recursion with an example.", True)]
     calls = []
 
-    def write(count, max_tokens, temperature, seed):
+    def write(count, max_tokens, temperature, seed, lead):
         calls.append((count, max_tokens, temperature, seed))
         return canned if len(calls) == 1 else [("What is a closure in JavaScript?", True)] * count
 
@@ -216,7 +232,30 @@ def test_self_prompts_from_a_tiny_target(llama_target, tokenizer):
     texts = backend.write(5, max_tokens=8, temperature=1.0, seed=0)
     assert len(texts) == 5 and all(isinstance(t, str) for t, _ in texts)
     assert texts == backend.write(5, max_tokens=8, temperature=1.0, seed=0)  # seeded
+    led = backend.write(4, max_tokens=6, temperature=1.0, seed=0, lead="Write a Python function")
+    assert all(t.startswith("Write a Python function") and len(t) > len("Write a Python function") for t, _ in led)
     good = [("Question %d: how do I reverse a string in Python?" % i, True) for i in range(10)]
     backend.write = lambda n, *a: good[:n]
     prompts, skipped = collect_prompts(data, write=backend.write)
     assert len(prompts) == 6 and len({p.turns[0] for p in prompts}) == 6 and not skipped
+
+
+def test_self_prompts_pass_their_lead_to_the_writer():
+    calls = []
+
+    def write(n, max_tokens, temperature, seed, lead):
+        calls.append(lead)
+        return [(f"{lead} number {seed}-{i} that sorts a list", True) for i in range(n)]
+
+    src = PromptSource(source="self", starts_with="Write a Python function")
+    prompts = self_prompts(write, 3, src, 0, collections.Counter())
+    assert calls == ["Write a Python function"] and all(p.turns[0].startswith("Write a Python function") for p in prompts)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"source": "humaneval", "starts_with": "Write"}, "only applies to source 'self'"),
+    ({"source": "self", "starts_with": "Write a "}, "must not end with a space"),
+])
+def test_starts_with_is_checked(kwargs, message):
+    with pytest.raises(DraftheadsError, match=message):
+        PromptSource(**kwargs)
