@@ -91,11 +91,13 @@ def shift_mask(batch: dict, shift: int) -> torch.Tensor:
     return mask
 
 
-def masked_ce(hidden: torch.Tensor, batch: dict, shift: int, project) -> tuple[torch.Tensor, torch.Tensor | int, int]:
+def masked_ce(hidden: torch.Tensor, batch: dict, shift: int, project, d2t: torch.Tensor | None = None):
     """Cross-entropy of predicting x_{t+shift} from hidden[:, t], only on counted positions.
 
     hidden [b, s, H] -> project (e.g. lm_head) is applied only to the counted rows, so the
-    [n, V] logits never cover padding or prompt positions. Returns (loss_sum, correct, total).
+    [n, V] logits never cover padding or prompt positions. With a draft vocabulary (d2t, see
+    heads/draft_vocab.py) project gives [n, Vd]; labels outside it add no loss but count as misses.
+    Returns (loss_sum, correct, total).
     """
     mask = shift_mask(batch, shift)
     rows = hidden[:, : mask.shape[1]][mask]  # [n, H]
@@ -103,8 +105,15 @@ def masked_ce(hidden: torch.Tensor, batch: dict, shift: int, project) -> tuple[t
     if labels.numel() == 0:
         return hidden.sum() * 0.0, 0, 0  # keeps the graph (DDP needs every parameter used)
     logits = project(rows).float()
-    loss_sum = F.cross_entropy(logits, labels, reduction="sum")
-    correct = (logits.argmax(-1) == labels).sum()
+    if d2t is None:
+        loss_sum = F.cross_entropy(logits, labels, reduction="sum")
+        correct = (logits.argmax(-1) == labels).sum()
+        return loss_sum, correct, labels.numel()
+    from draftheads.heads import draft_vocab
+
+    inside = draft_vocab.draft_labels(labels, d2t)
+    loss_sum = F.cross_entropy(logits, inside, ignore_index=draft_vocab.IGNORE, reduction="sum")
+    correct = (draft_vocab.ids(d2t)[logits.argmax(-1)] == labels).sum()
     return loss_sum, correct, labels.numel()
 
 

@@ -26,6 +26,7 @@ from torch import nn
 
 from draftheads.config import check, doc
 from draftheads.errors import DraftheadsError
+from draftheads.heads import draft_vocab
 from draftheads.heads.common import DepthMetrics, batch_features, bind_frozen, mean_loss, shift_mask, target_dims, text_config
 from draftheads.heads.draft_tree import Sampling, draft_dynamic, draft_static, node_depth
 from draftheads.heads.layers import (
@@ -119,9 +120,8 @@ class EagleDrafter(nn.Module):
             self.fc = nn.Linear(2 * hidden, hidden, bias=True)
             self.layer.input_layernorm = nn.Identity()  # f is already normalised by the target
         if config.draft_vocab_size is not None:
-            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
-            self.register_buffer("t2d", torch.arange(dims.vocab_size) < config.draft_vocab_size)
-        self._draft_rows = None  # EAGLE-1/2 with a draft vocabulary: (key, the target lm_head's rows for it)
+            draft_vocab.add_buffers(self, config.draft_vocab_size, dims.vocab_size)
+        self._shared_rows = draft_vocab.SharedRows()  # EAGLE-1/2 with a draft vocabulary: the target lm_head's rows
         self.reset()
 
     @classmethod
@@ -155,17 +155,7 @@ class EagleDrafter(nn.Module):
     @property
     def draft_ids(self) -> torch.Tensor:
         """[Vd] target token id of each draft-vocabulary entry."""
-        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
-
-    def _draft_lm_head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """EAGLE-1/2 with a draft vocabulary: the target lm_head's rows for it (weight, bias), gathered once per
-        vocabulary. A [Vd, H] slice small enough to stay in cache is what makes the draft step cheap on a CPU."""
-        weight, bias = self._lm_head.weight, getattr(self._lm_head, "bias", None)
-        key = (self.d2t._version, self.d2t.data_ptr(), weight.data_ptr(), weight.dtype, weight.device)
-        if self._draft_rows is None or self._draft_rows[0] != key:
-            ids = self.draft_ids.to(weight.device)
-            self._draft_rows = (key, (weight[ids].contiguous(), bias[ids] if bias is not None else None))
-        return self._draft_rows[1]
+        return draft_vocab.ids(self.d2t)
 
     def _initial_carry(self, features: torch.Tensor) -> torch.Tensor:
         """features [b, n, F] -> carry [b, n, H] from the target's own hidden states."""
@@ -187,17 +177,13 @@ class EagleDrafter(nn.Module):
         if self.config.eagle3:
             return self.lm_head(self.norm(out)).float()
         if self.has_draft_vocab:
-            weight, bias = self._draft_lm_head()
-            return F.linear(out.to(weight.dtype), weight, bias).float()
+            return self._shared_rows.logits(self._lm_head, self.d2t, out)
         return self._lm_head(out.to(self._lm_head.weight.dtype)).float()
 
     def _vocab_logits(self, out: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V] over the target vocabulary (-inf outside EAGLE-3's draft vocabulary)."""
         logits = self._draft_logits(out)
-        if not self.has_draft_vocab:
-            return logits
-        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
-        return full.index_copy(-1, self.draft_ids, logits)
+        return draft_vocab.widen(logits, self.d2t, self.vocab_size) if self.has_draft_vocab else logits
 
     # ---- training -----------------------------------------------------------------------------
 
@@ -275,7 +261,7 @@ class EagleDrafter(nn.Module):
         (softmax over them is the target distribution restricted to the draft vocabulary)."""
         weight, bias = self._lm_head.weight, getattr(self._lm_head, "bias", None)
         if self.has_draft_vocab:
-            weight, bias = self._draft_lm_head()
+            weight, bias = self._shared_rows(self._lm_head, self.d2t)
         return F.linear(f.to(weight.dtype), weight, bias).float()
 
     @torch.no_grad()
@@ -290,12 +276,7 @@ class EagleDrafter(nn.Module):
             raise DraftheadsError("this EAGLE drafter drafts over the full vocabulary; set head.draft_vocab_size to give it a draft vocabulary")
         if token_counts.shape != (self.vocab_size,):
             raise DraftheadsError(f"token counts must have one entry per target token ({self.vocab_size}), got {tuple(token_counts.shape)}")
-        size = len(self.d2t)
-        order = torch.sort(-token_counts.long().cpu(), stable=True).indices  # stable: ties keep id order
-        chosen = order[:size].sort().values.to(self.d2t.device)
-        self.d2t.copy_(chosen - torch.arange(size, device=chosen.device))
-        self.t2d.zero_()
-        self.t2d[chosen] = True
+        chosen = draft_vocab.choose(self, token_counts)
         if self.config.eagle3 and init_from_target and hasattr(self, "_lm_head"):
             self.lm_head.weight.copy_(self._lm_head.weight[chosen])
 

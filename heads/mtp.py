@@ -18,6 +18,7 @@ from torch import nn
 
 from draftheads.config import check, doc
 from draftheads.errors import DraftheadsError
+from draftheads.heads import draft_vocab
 from draftheads.heads.common import DepthMetrics, batch_features, bind_frozen, masked_ce, mean_loss, target_dims, text_config
 from draftheads.heads.draft_tree import Sampling, draft_dynamic, draft_static, lineage, node_depth
 from draftheads.heads.layers import KVCache, build_decoder_layer, causal_visible, make_norm, run_layer, target_parts, tree_visible
@@ -34,6 +35,9 @@ class MTPConfig:
     type: Literal["mtp"] = doc("mtp", "head type")
     depth: int = doc(3, "D: number of sequential modules; module k predicts token t+k+1")
     loss_weights: list[float] | None = doc(None, "per-depth loss weights (default 1.0 each)")
+    draft_vocab_size: int | None = doc(None, "draft only among this many most frequent target-generated tokens, through the "
+                                             "target lm_head's rows for them (default: the full vocabulary); several times "
+                                             "cheaper draft steps")
     default_tree: str | None = doc(None, "tree used when the caller gives none (default chain:depth)")
     init_from: str | None = doc(None, "start from an existing drafter (native or an engine/public layout)")
 
@@ -43,6 +47,7 @@ class MTPConfig:
             check(len(self.loss_weights) == self.depth,
                   f"head.loss_weights has {len(self.loss_weights)} entries but head.depth is {self.depth}")
             check(all(w >= 0 for w in self.loss_weights), "head.loss_weights must be >= 0")
+        check(self.draft_vocab_size is None or self.draft_vocab_size > 0, "head.draft_vocab_size must be positive")
 
 
 class MTPModule(nn.Module):
@@ -74,6 +79,9 @@ class MTPDrafter(nn.Module):
         dims = target_dims(target_config)
         self.hidden_size, self.vocab_size = dims.hidden_size, dims.vocab_size
         self.blocks = nn.ModuleList(MTPModule(target_config) for _ in range(config.depth))
+        if config.draft_vocab_size is not None:
+            draft_vocab.add_buffers(self, config.draft_vocab_size, dims.vocab_size)
+        self._shared_rows = draft_vocab.SharedRows()
         self.reset()
 
     @classmethod
@@ -96,10 +104,28 @@ class MTPDrafter(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.blocks[0].proj.weight.dtype
 
+    @property
+    def has_draft_vocab(self) -> bool:
+        return self.config.draft_vocab_size is not None
+
+    def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
+        """Draft among the draft_vocab_size tokens most frequent in `token_counts` [V] (see heads/draft_vocab.py)."""
+        if not self.has_draft_vocab:
+            raise DraftheadsError("this MTP drafter drafts over the full vocabulary; set head.draft_vocab_size to give it a draft vocabulary")
+        draft_vocab.choose(self, token_counts)
+
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """h^k [..., H] -> [..., V] fp32 through the target's final norm and lm_head."""
+        """h^k [..., H] -> fp32 logits through the target's final norm and lm_head: [..., V], or [..., Vd]
+        over the draft vocabulary (the lm_head's rows for it)."""
         normed = self._norm(hidden.to(self._norm.weight.dtype))
+        if self.has_draft_vocab:
+            return self._shared_rows.logits(self._lm_head, self.d2t, normed)
         return self._lm_head(normed.to(self._lm_head.weight.dtype)).float()
+
+    def _vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """h^k [..., H] -> [..., V] over the target vocabulary (-inf outside a draft vocabulary)."""
+        logits = self._logits(hidden)
+        return draft_vocab.widen(logits, self.d2t, self.vocab_size) if self.has_draft_vocab else logits
 
     # ---- training -----------------------------------------------------------------------------
 
@@ -127,7 +153,7 @@ class MTPDrafter(nn.Module):
         metrics = DepthMetrics(self.config.depth, h0.device)
         loss = h0.new_zeros(())
         for k, hidden in enumerate(self.forward_modules(h0, batch["input_ids"], batch.get("position_ids")), start=1):
-            loss_sum, correct, total = masked_ce(hidden, batch, k + 1, self._logits)
+            loss_sum, correct, total = masked_ce(hidden, batch, k + 1, self._logits, self.d2t if self.has_draft_vocab else None)
             metrics.add(k - 1, loss_sum, correct, total)
             loss = loss + weights[k - 1] * mean_loss(loss_sum, total)
         return loss, metrics.as_dict()
@@ -206,7 +232,7 @@ class MTPDrafter(nn.Module):
         """
         d = node_depth(parents, nodes[0])
         if d == 0:
-            return self._logits(self._root_out)[:, None]
+            return self._vocab_logits(self._root_out)[:, None]
         k, n = d + 1, self._tokens.shape[1]
         cache = self._caches[k - 1]
         committed = len(cache)
@@ -221,5 +247,5 @@ class MTPDrafter(nn.Module):
         out = self.blocks[k - 1](hidden, self._embed(tokens[:, entries]), self._rotary, positions, visible, cache)
         previous.clear()
         previous.update({v: out[:, i] for i, v in enumerate(entries)})
-        return self._logits(torch.stack([previous[v] for v in nodes], dim=1))
+        return self._vocab_logits(torch.stack([previous[v] for v in nodes], dim=1))
 

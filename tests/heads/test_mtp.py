@@ -40,7 +40,7 @@ def reference_logits(drafter, h0, next_tokens, path):
     ids = torch.cat([torch.zeros(1, 1, dtype=torch.long), next_tokens, path.view(1, -1)], dim=1)
     padded = torch.cat([h0, h0.new_zeros(1, len(path), h0.shape[-1])], dim=1)  # never seen by position n-1
     outs = drafter.forward_modules(padded, ids[:, : n + 1 + len(path)])
-    return drafter._logits(outs[len(path)][0, n - 1])
+    return drafter._vocab_logits(outs[len(path)][0, n - 1])
 
 
 def test_config_round_trip():
@@ -90,9 +90,12 @@ def test_loss_weights_and_masks(llama_target):
 @pytest.mark.parametrize("family", DRAFT_FAMILIES, indirect=True)  # llama-like and q/k-norm layers
 @pytest.mark.parametrize("tree", [Tree.chain(3), TREE], ids=["chain", "tree"])
 @pytest.mark.parametrize("split", [(1, 2, 13), (9, 14)], ids=["short-prompt", "prompt"])
-def test_cached_drafting_matches_recompute(tiny_target, tree, split):
+@pytest.mark.parametrize("vocab", [None, 100], ids=["full-vocab", "draft-vocab"])
+def test_cached_drafting_matches_recompute(tiny_target, tree, split, vocab):
     """Observed in chunks (proposing in between), the drafts' logits equal the plain forward's."""
-    drafter = make_drafter(tiny_target, depth=3)
+    drafter = make_drafter(tiny_target, depth=3, draft_vocab_size=vocab)
+    if vocab:
+        drafter.set_draft_vocab(torch.arange(tiny_target.config.vocab_size) % 7)
     ids = torch.randint(0, tiny_target.config.vocab_size, (1, split[-1] + 1), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         h0 = tiny_target(ids, output_hidden_states=True).hidden_states[-1][:, :-1]
@@ -133,3 +136,33 @@ def test_training_reduces_loss(llama_target):
     losses, hits = train_steps(drafter, batch)
     assert losses[-1] < 0.5 * losses[0], losses
     assert hits[-1] > hits[0], hits
+
+
+def test_draft_vocabulary(llama_target):
+    """Drafting and the loss use the target lm_head's rows for the chosen tokens; labels outside them
+    add no loss but count as misses; no weights are added."""
+    full = make_drafter(llama_target, depth=2)
+    narrow = make_drafter(llama_target, depth=2, draft_vocab_size=50)
+    assert set(narrow.state_dict()) == set(full.state_dict()) | {"d2t", "t2d"}
+    batch = make_batch(llama_target, s=16, generated=True)
+    counts = torch.bincount(batch["input_ids"].flatten(), minlength=llama_target.config.vocab_size)
+    narrow.set_draft_vocab(counts)
+    assert set(batch["input_ids"].unique().tolist()) <= set(narrow.d2t.new_tensor(range(50)).add(narrow.d2t).tolist())
+    hidden = torch.randn(3, llama_target.config.hidden_size)
+    wide = narrow._vocab_logits(hidden)
+    torch.testing.assert_close(wide[:, narrow.t2d], full._logits(hidden)[:, narrow.t2d])
+    assert torch.isneginf(wide[:, ~narrow.t2d]).all()
+    _, metrics = narrow.training_loss(batch)
+    assert metrics["total"].tolist() == [2 * 14, 2 * 13]
+    small = make_drafter(llama_target, depth=2, draft_vocab_size=3)  # most labels fall outside: misses, no loss
+    small.set_draft_vocab(counts)
+    loss, metrics = small.training_loss(batch)
+    assert torch.isfinite(loss) and metrics["total"].tolist() == [2 * 14, 2 * 13]
+    inside = [int(small.t2d[batch["input_ids"][:, k + 1 :]].sum()) for k in (1, 2)]
+    assert inside[0] < 2 * 14 and all(c <= i for c, i in zip(metrics["correct"].tolist(), inside))
+    narrow.observe(batch["features"][:1, :10], batch["input_ids"][:1, 1:11])
+    assert narrow.t2d[narrow.propose(DynamicTreeSpec(top_k=4, depth=2, total_tokens=8)).tokens[0, 1:]].all()
+    with pytest.raises(DraftheadsError, match="set head.draft_vocab_size"):
+        full.set_draft_vocab(counts)
+    with pytest.raises(DraftheadsError, match="draft_vocab_size must be between"):
+        make_drafter(llama_target, draft_vocab_size=llama_target.config.vocab_size + 1)

@@ -18,6 +18,7 @@ VARIANTS = {
     "eagle-vocab": ("eagle", {"draft_vocab_size": 128}),
     "eagle3": ("eagle", {"eagle3": True, "draft_vocab_size": 128}),
     "mtp": ("mtp", {"depth": 2}),
+    "mtp-vocab": ("mtp", {"depth": 2, "draft_vocab_size": 128}),
 }
 TREES = {"chain": "chain:2", "tree": [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)], "default": None}
 

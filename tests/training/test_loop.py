@@ -32,6 +32,7 @@ if "eagle" in HEAD_TYPES:
     HEADS["eagle3"] = {"type": "eagle", "eagle3": True, "ttt_steps": 2, "draft_vocab_size": 128}
 if "mtp" in HEAD_TYPES:
     HEADS["mtp"] = {"type": "mtp", "depth": 2}
+    HEADS["mtp-vocab"] = {"type": "mtp", "depth": 2, "draft_vocab_size": 128}
 
 
 @pytest.mark.parametrize("head", list(HEADS))
