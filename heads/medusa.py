@@ -17,7 +17,7 @@ from torch import nn
 
 from draftheads.config import check, doc
 from draftheads.errors import DraftheadsError
-from draftheads.heads import medusa2
+from draftheads.heads import draft_vocab, medusa2
 from draftheads.heads.common import DepthMetrics, batch_features, bind_frozen, masked_ce, mean_loss, target_dims
 from draftheads.inference.drafter import Proposal
 from draftheads.inference.sampling import pick_children, warp_probs
@@ -35,6 +35,8 @@ class MedusaConfig:
     num_layers: int = doc(1, "residual blocks per head (each with its own weights)")
     lm_head: Literal["shared", "own"] = doc("shared", "'shared': the target's frozen lm_head; 'own': a trainable copy per head")
     loss_decay: float = doc(0.8, "lambda: head k's loss is weighted lambda^(k-1)")
+    draft_vocab_size: int | None = doc(None, "lm_head 'shared': draft only among this many most frequent target-generated "
+                                             "tokens, through the target lm_head's rows for them (default: the full vocabulary)")
     medusa2: bool = doc(False, "Medusa-2: train LoRA on the target jointly with the heads")
     medusa2_loss: Literal["lm", "kl"] = doc("lm", "Medusa-2 target loss: next-token CE, or KL to the adapter-disabled target")
     medusa2_head_weight: float = doc(0.2, "Medusa-2: weight of the heads' loss next to the target loss")
@@ -49,6 +51,8 @@ class MedusaConfig:
         check(1 <= self.num_heads <= MAX_HEADS, f"head.num_heads must be between 1 and {MAX_HEADS}, got {self.num_heads}")
         check(1 <= self.num_layers <= 8, f"head.num_layers must be between 1 and 8, got {self.num_layers}")
         check(0 < self.loss_decay <= 1, f"head.loss_decay must be in (0, 1], got {self.loss_decay}")
+        check(self.draft_vocab_size is None or self.lm_head == "shared",
+              "head.draft_vocab_size needs head.lm_head: shared (an own lm head already costs a full vocabulary per head)")
         check(self.medusa2_head_weight > 0, "head.medusa2_head_weight must be positive")
         check(self.head_lr is None or self.head_lr > 0, f"head.head_lr must be positive, got {self.head_lr}")
         check(self.lora_r > 0, f"head.lora_r must be positive, got {self.lora_r}")
@@ -109,6 +113,9 @@ class MedusaDrafter(nn.Module):
             self.lm_heads = nn.ModuleList([nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(config.num_heads)])
             # False until bind() copies the target's lm_head in; a loaded drafter carries True.
             self.register_buffer("lm_heads_initialised", torch.tensor(False))
+        if config.draft_vocab_size is not None:
+            draft_vocab.add_buffers(self, config.draft_vocab_size, vocab_size)
+        self._shared_rows = draft_vocab.SharedRows()
         bind_frozen(self, _lm_head=None, _feature=None, _pending=None)
         self.needs_target_grad = config.medusa2
         self.unsaved_prefixes = ("target.",) if config.medusa2 else ()
@@ -136,12 +143,30 @@ class MedusaDrafter(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.heads[0][0].linear.weight.dtype
 
+    @property
+    def has_draft_vocab(self) -> bool:
+        return self.config.draft_vocab_size is not None
+
+    def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
+        """Draft among the draft_vocab_size tokens most frequent in `token_counts` [V] (see heads/draft_vocab.py)."""
+        if not self.has_draft_vocab:
+            raise DraftheadsError("these Medusa heads draft over the full vocabulary; set head.draft_vocab_size to give them a draft vocabulary")
+        draft_vocab.choose(self, token_counts)
+
+    def _shared_head(self, y: torch.Tensor) -> torch.Tensor:
+        """The target's lm_head on y [..., H]: [..., V], or [..., Vd] over the draft vocabulary."""
+        if self._lm_head is None:
+            raise DraftheadsError("the Medusa drafter is not bound to a target; call drafter.bind(target) first")
+        if self.has_draft_vocab:
+            return self._shared_rows.logits(self._lm_head, self.d2t, y)
+        return self._lm_head(y)
+
     def head_logits(self, k: int, hidden: torch.Tensor) -> torch.Tensor:
-        """Head k (0-based: predicts x_{t+k+2}) on hidden [..., H] -> logits [..., V]."""
+        """Head k (0-based: predicts x_{t+k+2}) on hidden [..., H] -> logits [..., V] ([..., Vd] with a draft vocabulary)."""
         if self._lm_head is None:
             raise DraftheadsError("the Medusa drafter is not bound to a target; call drafter.bind(target) first")
         y = self.heads[k](hidden)
-        return self.lm_heads[k](y) if self.config.lm_head == "own" else self._lm_head(y)
+        return self.lm_heads[k](y) if self.config.lm_head == "own" else self._shared_head(y)
 
     def draft_logits(self, feature: torch.Tensor, depth: int) -> torch.Tensor:
         """feature [b, H] -> [b, depth, V]: heads 1..depth at one position.
@@ -151,9 +176,8 @@ class MedusaDrafter(nn.Module):
         """
         if self.config.lm_head == "own":
             return torch.stack([self.head_logits(k, feature) for k in range(depth)], dim=1)
-        if self._lm_head is None:
-            raise DraftheadsError("the Medusa drafter is not bound to a target; call drafter.bind(target) first")
-        return self._lm_head(torch.stack([self.heads[k](feature) for k in range(depth)], dim=1))
+        logits = self._shared_head(torch.stack([self.heads[k](feature) for k in range(depth)], dim=1))
+        return draft_vocab.widen(logits.float(), self.d2t, len(self.t2d)) if self.has_draft_vocab else logits
 
     # ---- training ----------------------------------------------------------------------------
 
@@ -171,7 +195,8 @@ class MedusaDrafter(nn.Module):
         metrics = DepthMetrics(self.config.num_heads, hidden.device)
         loss = hidden.new_zeros((), dtype=torch.float32)
         for k in range(self.config.num_heads):
-            loss_sum, correct, total = masked_ce(hidden, batch, k + 2, lambda rows, k=k: self.head_logits(k, rows))
+            loss_sum, correct, total = masked_ce(hidden, batch, k + 2, lambda rows, k=k: self.head_logits(k, rows),
+                                                 self.d2t if self.has_draft_vocab else None)
             metrics.add(k, loss_sum, correct, total)
             loss = loss + self.config.loss_decay**k * mean_loss(loss_sum, total)
         return loss, metrics.as_dict()

@@ -176,3 +176,28 @@ def test_param_groups_put_all_heads_at_the_base_rate(llama_target):
     assert draftheads.build_drafter("medusa", llama_target, head_lr=5e-3).param_groups(1e-3)[0]["lr"] == 5e-3
     with pytest.raises(DraftheadsError, match="Medusa-2"):
         drafter.adapted_target()
+
+
+def test_draft_vocabulary_drafts_and_trains_on_the_chosen_tokens_only(llama_target):
+    """The shared lm_head's rows for the draft vocabulary: the same logits there, -inf elsewhere; labels
+    outside it add no loss but count as misses; no weights are added; an own lm_head is refused."""
+    full = draftheads.build_drafter("medusa", llama_target, num_heads=3)
+    perturb(full, scale=0.3)
+    narrow = draftheads.build_drafter("medusa", llama_target, num_heads=3, draft_vocab_size=40)
+    narrow.load_state_dict({**full.state_dict(), "d2t": narrow.d2t, "t2d": narrow.t2d})
+    vocab = llama_target.config.vocab_size
+    narrow.set_draft_vocab(torch.arange(vocab).flip(0) % 31)  # ties broken by lower id: a scattered choice
+    assert set(narrow.state_dict()) == set(full.state_dict()) | {"d2t", "t2d"}
+    feature, _ = _observed(narrow, llama_target)
+    wide, ref = narrow.draft_logits(feature, 3), full.draft_logits(feature, 3)
+    torch.testing.assert_close(wide[..., narrow.t2d], ref[..., narrow.t2d].float())
+    assert torch.isneginf(wide[..., ~narrow.t2d]).all()
+    assert narrow.t2d[narrow.propose(Tree.chain(3)).tokens[:, 1:]].all()
+    batch = make_batch(llama_target, narrow.feature_layers, b=2, s=14, pad=2)
+    _, metrics = narrow.training_loss(batch)
+    _, full_metrics = full.training_loss(batch)
+    assert metrics["total"].tolist() == full_metrics["total"].tolist()
+    labels_inside = [int(narrow.t2d[batch["input_ids"][:, k + 2 :]].sum()) for k in range(3)]
+    assert all(c <= n for c, n in zip(metrics["correct"].tolist(), labels_inside))
+    with pytest.raises(DraftheadsError, match="needs head.lm_head: shared"):
+        draftheads.build_drafter("medusa", llama_target, lm_head="own", draft_vocab_size=40)

@@ -14,6 +14,7 @@ from tests.inference.test_greedy import plain, prompt_ids, target
 
 VARIANTS = {
     "medusa": ("medusa", {"num_heads": 3}),
+    "medusa-vocab": ("medusa", {"num_heads": 3, "draft_vocab_size": 128}),
     "eagle": ("eagle", {}),
     "eagle-vocab": ("eagle", {"draft_vocab_size": 128}),
     "eagle3": ("eagle", {"eagle3": True, "draft_vocab_size": 128}),

@@ -25,7 +25,7 @@ from tests.training.train_helpers import drafter_weights, max_weight_diff, tiny_
 REPO = Path(__file__).resolve().parents[2]
 
 
-HEADS = {"medusa": {"type": "medusa", "num_heads": 2}}
+HEADS = {"medusa": {"type": "medusa", "num_heads": 2}, "medusa-vocab": {"type": "medusa", "num_heads": 2, "draft_vocab_size": 128}}
 if "eagle" in HEAD_TYPES:
     HEADS["eagle"] = {"type": "eagle"}
     HEADS["eagle-vocab"] = {"type": "eagle", "ttt_steps": 2, "draft_vocab_size": 128}
