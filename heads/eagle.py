@@ -28,7 +28,7 @@ from draftheads.config import check, doc
 from draftheads.errors import DraftheadsError
 from draftheads.heads import draft_vocab
 from draftheads.heads.common import DepthMetrics, batch_features, bind_frozen, mean_loss, shift_mask, target_dims, text_config
-from draftheads.heads.draft_tree import Sampling, draft_dynamic, draft_static, node_depth
+from draftheads.heads.draft_tree import Columns, Sampling, draft_dynamic, draft_static, node_depth
 from draftheads.heads.layers import (
     KVCache, build_decoder_layer, causal_visible, make_norm, run_layer, target_parts, tree_visible, ttt_visible,
     widen_attention_inputs,
@@ -313,16 +313,17 @@ class EagleDrafter(nn.Module):
         sampling = Sampling(temperature, top_k, top_p, generator)
         state = {"out": {0: self._root_out}, "columns": {}}
         expand = functools.partial(self._expand, state)
+        columns = Columns(self.draft_ids, self.vocab_size) if self.has_draft_vocab else None
         if isinstance(tree, DynamicTreeSpec):
-            tree, tokens, q = draft_dynamic(tree, self._root_token, expand, sampling)
+            tree, tokens, q = draft_dynamic(tree, self._root_token, expand, sampling, columns)
         else:
-            tokens, q = draft_static(tree, self._root_token, expand, sampling)
+            tokens, q = draft_static(tree, self._root_token, expand, sampling, columns)
         return Proposal(tree, tokens, q)
 
     def _expand(self, state: dict, nodes: list[int], parents: list[int], tokens: torch.Tensor) -> torch.Tensor:
-        """Feed tree `nodes` (one depth) through the layer; logits for their children [b, n, V]."""
+        """Feed tree `nodes` (one depth) through the layer; logits for their children [b, n, V or Vd]."""
         if nodes == [0]:
-            return self._vocab_logits(self._root_out)[:, None]
+            return self._draft_logits(self._root_out)[:, None]
         past = len(self._cache)
         for i, node in enumerate(nodes):
             state["columns"][node] = past + i
@@ -334,7 +335,7 @@ class EagleDrafter(nn.Module):
         out = self._forward(carry, tokens[:, nodes], positions, visible, self._cache)
         for i, node in enumerate(nodes):
             state["out"][node] = out[:, i]
-        return self._vocab_logits(out)
+        return self._draft_logits(out)
 
 
 def _prepend_embeddings(attention: nn.Module, args: tuple, kwargs: dict):

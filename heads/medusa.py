@@ -18,6 +18,7 @@ from torch import nn
 from draftheads.config import check, doc
 from draftheads.errors import DraftheadsError
 from draftheads.heads import draft_vocab, medusa2
+from draftheads.heads.draft_tree import Columns, to_target
 from draftheads.heads.common import DepthMetrics, batch_features, bind_frozen, masked_ce, mean_loss, target_dims
 from draftheads.inference.drafter import Proposal
 from draftheads.inference.sampling import pick_children, warp_probs
@@ -168,8 +169,9 @@ class MedusaDrafter(nn.Module):
         y = self.heads[k](hidden)
         return self.lm_heads[k](y) if self.config.lm_head == "own" else self._shared_head(y)
 
-    def draft_logits(self, feature: torch.Tensor, depth: int) -> torch.Tensor:
-        """feature [b, H] -> [b, depth, V]: heads 1..depth at one position.
+    def draft_logits(self, feature: torch.Tensor, depth: int, widen: bool = True) -> torch.Tensor:
+        """feature [b, H] -> [b, depth, V]: heads 1..depth at one position ([b, depth, Vd] over a draft
+        vocabulary unless `widen`).
 
         A shared lm_head runs once over all heads' outputs: one [depth, H] x [H, V] product reads
         the (large) vocabulary matrix once instead of once per head.
@@ -177,7 +179,9 @@ class MedusaDrafter(nn.Module):
         if self.config.lm_head == "own":
             return torch.stack([self.head_logits(k, feature) for k in range(depth)], dim=1)
         logits = self._shared_head(torch.stack([self.heads[k](feature) for k in range(depth)], dim=1))
-        return draft_vocab.widen(logits.float(), self.d2t, len(self.t2d)) if self.has_draft_vocab else logits
+        if self.has_draft_vocab and widen:
+            return draft_vocab.widen(logits.float(), self.d2t, len(self.t2d))
+        return logits
 
     # ---- training ----------------------------------------------------------------------------
 
@@ -248,15 +252,17 @@ class MedusaDrafter(nn.Module):
         if self._feature is None:
             raise DraftheadsError("Medusa propose() called before observe(); feed the prompt's features first")
         depth = tree.max_depth
-        logits = self.draft_logits(self._feature, depth)  # [b, D, V]
+        logits = self.draft_logits(self._feature, depth, widen=False)  # [b, D, V] or [b, D, Vd]
+        columns = Columns(draft_vocab.ids(self.d2t), len(self.t2d)) if self.has_draft_vocab else None
         sampled = generator is not None and temperature > 0
         widths = [1 + max(r for r, d in zip(tree.ranks, tree.depths) if d == level) for level in range(1, depth + 1)]
         if sampled:
             q = warp_probs(logits, temperature, top_k, top_p)
-            picks = [pick_children(q[:, d], widths[d], generator) for d in range(depth)]
+            picks = [to_target(pick_children(q[:, d], widths[d], generator), columns) for d in range(depth)]
             tree = _prune(tree, [p.shape[1] for p in picks])
+            q = q if columns is None else columns.widen(q)
         else:
-            picks = [torch.topk(logits[:, d], widths[d], dim=-1).indices for d in range(depth)]
+            picks = [to_target(torch.topk(logits[:, d], widths[d], dim=-1).indices, columns) for d in range(depth)]
         tokens = self._fill(tree, picks)
         if not sampled:
             return Proposal(tree, tokens)

@@ -20,7 +20,7 @@ from draftheads.config import check, doc
 from draftheads.errors import DraftheadsError
 from draftheads.heads import draft_vocab
 from draftheads.heads.common import DepthMetrics, batch_features, bind_frozen, masked_ce, mean_loss, target_dims, text_config
-from draftheads.heads.draft_tree import Sampling, draft_dynamic, draft_static, lineage, node_depth
+from draftheads.heads.draft_tree import Columns, Sampling, draft_dynamic, draft_static, lineage, node_depth
 from draftheads.heads.layers import KVCache, build_decoder_layer, causal_visible, make_norm, run_layer, target_parts, tree_visible
 from draftheads.inference.drafter import Proposal
 from draftheads.inference.tree import DynamicTreeSpec, Tree, parse_tree
@@ -219,20 +219,21 @@ class MTPDrafter(nn.Module):
         sampling = Sampling(temperature, top_k, top_p, generator)
         expand = functools.partial(self._expand, {})
         root = self._tokens[:, -1]
+        columns = Columns(draft_vocab.ids(self.d2t), self.vocab_size) if self.has_draft_vocab else None
         if isinstance(tree, DynamicTreeSpec):
-            tree, tokens, q = draft_dynamic(tree, root, expand, sampling)
+            tree, tokens, q = draft_dynamic(tree, root, expand, sampling, columns)
         else:
-            tokens, q = draft_static(tree, root, expand, sampling)
+            tokens, q = draft_static(tree, root, expand, sampling, columns)
         return Proposal(tree, tokens, q)
 
     def _expand(self, previous: dict, nodes: list[int], parents: list[int], tokens: torch.Tensor) -> torch.Tensor:
-        """Children logits [b, len(nodes), V] of `nodes` (depth d) from module d + 1.
+        """Children logits [b, len(nodes), V or Vd] of `nodes` (depth d) from module d + 1.
 
         `previous` holds module d's entries (node -> [b, H]) from the last call; replaced here.
         """
         d = node_depth(parents, nodes[0])
         if d == 0:
-            return self._vocab_logits(self._root_out)[:, None]
+            return self._logits(self._root_out)[:, None]
         k, n = d + 1, self._tokens.shape[1]
         cache = self._caches[k - 1]
         committed = len(cache)
@@ -247,5 +248,5 @@ class MTPDrafter(nn.Module):
         out = self.blocks[k - 1](hidden, self._embed(tokens[:, entries]), self._rotary, positions, visible, cache)
         previous.clear()
         previous.update({v: out[:, i] for i, v in enumerate(entries)})
-        return self._vocab_logits(torch.stack([previous[v] for v in nodes], dim=1))
+        return self._logits(torch.stack([previous[v] for v in nodes], dim=1))
 
