@@ -8,6 +8,7 @@ same call in training (causal or training-time-test masks) and in drafting (tree
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 
 import torch
@@ -88,7 +89,13 @@ class KVCache:
 
 def _cache_argument(layer: nn.Module) -> str:
     """transformers renamed `past_key_values` to `cache`; accept either."""
-    params = inspect.signature(layer.forward).parameters
+    return _cache_argument_of(type(layer))
+
+
+@functools.cache
+def _cache_argument_of(layer_class: type) -> str:
+    # once per class: inspecting the signature on every draft step costs more than the step's small matmuls
+    params = inspect.signature(layer_class.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 

@@ -22,7 +22,7 @@ def tiny_overrides(prompts) -> dict:
         "data.max_length": 64, "data.batch_size": 3, "data.shard_size": 3,
         "train.max_steps": 2, "train.batch_size": 2, "train.max_length": 64, "train.warmup_steps": 1,
         "train.eval_every": 1, "train.save_every": 2, "train.eval_fraction": 0.34, "train.dtype": "fp32",
-        "head.ttt_steps": 2, "head.default_tree": "chain:2",
+        "head.ttt_steps": 2, "head.default_tree": "chain:2", "head.draft_vocab_size": 128,  # the tiny target has 384 tokens
         "eval.prompts": str(prompts), "eval.limit": 2, "eval.max_new_tokens": 6,
     }
 
