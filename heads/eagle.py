@@ -181,7 +181,7 @@ class EagleDrafter(nn.Module):
         return self._lm_head(out.to(self._lm_head.weight.dtype)).float()
 
     def _vocab_logits(self, out: torch.Tensor) -> torch.Tensor:
-        """[..., H] -> [..., V] over the target vocabulary (-inf outside EAGLE-3's draft vocabulary)."""
+        """[..., H] -> [..., V] over the target vocabulary (-inf outside a draft vocabulary)."""
         logits = self._draft_logits(out)
         return draft_vocab.widen(logits, self.d2t, self.vocab_size) if self.has_draft_vocab else logits
 
@@ -274,8 +274,6 @@ class EagleDrafter(nn.Module):
         """
         if not self.has_draft_vocab:
             raise DraftheadsError("this EAGLE drafter drafts over the full vocabulary; set head.draft_vocab_size to give it a draft vocabulary")
-        if token_counts.shape != (self.vocab_size,):
-            raise DraftheadsError(f"token counts must have one entry per target token ({self.vocab_size}), got {tuple(token_counts.shape)}")
         chosen = draft_vocab.choose(self, token_counts)
         if self.config.eagle3 and init_from_target and hasattr(self, "_lm_head"):
             self.lm_head.weight.copy_(self._lm_head.weight[chosen])
