@@ -101,6 +101,8 @@ def recipe_for_head(recipe, head: str, out: Path):
         return recipe
     other = copy.deepcopy(recipe)
     other.head = load_recipe(HEAD_RECIPES[head]).head
+    if getattr(other.head, "draft_vocab_size", None) is not None and getattr(recipe.head, "draft_vocab_size", None) is not None:
+        other.head.draft_vocab_size = recipe.head.draft_vocab_size  # one draft vocabulary size for the demo's data and target
     other.name = f"{recipe.name}-{head}"
     other.train.output_dir = str(out / head)
     return other
