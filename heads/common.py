@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from draftheads.errors import DraftheadsError
+from draftheads.heads import draft_vocab
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,6 @@ def masked_ce(hidden: torch.Tensor, batch: dict, shift: int, project, d2t: torch
         loss_sum = F.cross_entropy(logits, labels, reduction="sum")
         correct = (logits.argmax(-1) == labels).sum()
         return loss_sum, correct, labels.numel()
-    from draftheads.heads import draft_vocab
-
     inside = draft_vocab.draft_labels(labels, d2t)
     loss_sum = F.cross_entropy(logits, inside, ignore_index=draft_vocab.IGNORE, reduction="sum")
     correct = (draft_vocab.ids(d2t)[logits.argmax(-1)] == labels).sum()

@@ -51,8 +51,9 @@ class Columns:
 
     def widen(self, probs: torch.Tensor) -> torch.Tensor:
         """[..., Vd] -> [..., V], zero outside the draft vocabulary."""
-        full = probs.new_zeros(*probs.shape[:-1], self.vocab_size)
-        return full.index_copy(-1, self.ids.to(probs.device), probs)
+        from draftheads.heads.draft_vocab import scatter  # draft_vocab builds Columns: import it late
+
+        return scatter(probs, self.ids, self.vocab_size, 0.0)
 
 
 def to_target(picked: torch.Tensor, columns: Columns | None) -> torch.Tensor:

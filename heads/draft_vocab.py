@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftheads.errors import DraftheadsError
+from draftheads.heads.draft_tree import Columns
 
 IGNORE = -100  # cross_entropy's ignore_index: labels outside the draft vocabulary
 
@@ -54,10 +55,15 @@ def choose(module: nn.Module, token_counts: torch.Tensor) -> torch.Tensor:
     return chosen
 
 
+def scatter(values: torch.Tensor, draft_ids: torch.Tensor, vocab_size: int, fill: float) -> torch.Tensor:
+    """[..., Vd] -> [..., V]: each column at its target id, `fill` everywhere else."""
+    full = values.new_full((*values.shape[:-1], vocab_size), fill)
+    return full.index_copy(-1, draft_ids.to(values.device), values)
+
+
 def widen(logits: torch.Tensor, d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[..., Vd] -> [..., V], -inf outside the draft vocabulary."""
-    full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
-    return full.index_copy(-1, ids(d2t).to(logits.device), logits)
+    return scatter(logits, ids(d2t), vocab_size, float("-inf"))
 
 
 def draft_labels(labels: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
@@ -86,3 +92,36 @@ class SharedRows:
         """hidden [..., H] -> [..., Vd] draft-vocabulary logits, fp32."""
         weight, bias = self(lm_head, d2t)
         return F.linear(hidden.to(weight.dtype), weight, bias).float()
+
+
+class DraftVocabulary:
+    """Mixin for drafters with an optional draft vocabulary: `config.draft_vocab_size` set, buffers from
+    `add_buffers`. Everything a head asks about it, in one place."""
+
+    @property
+    def has_draft_vocab(self) -> bool:
+        return self.config.draft_vocab_size is not None
+
+    @property
+    def draft_ids(self) -> torch.Tensor:
+        """[Vd] target token id of each draft-vocabulary entry."""
+        return ids(self.d2t)
+
+    @property
+    def draft_map(self) -> torch.Tensor | None:
+        """d2t for `masked_ce`, None when drafting over the full vocabulary."""
+        return self.d2t if self.has_draft_vocab else None
+
+    def draft_columns(self) -> Columns | None:
+        """What the columns of draft-space logits are, for `draft_static` / `draft_dynamic`."""
+        return Columns(self.draft_ids, len(self.t2d)) if self.has_draft_vocab else None
+
+    def widen_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-space logits [..., Vd] -> [..., V] (-inf outside); full-vocabulary logits unchanged."""
+        return widen(logits, self.d2t, len(self.t2d)) if self.has_draft_vocab else logits
+
+    def set_draft_vocab(self, token_counts: torch.Tensor) -> torch.Tensor:
+        """Draft among the draft_vocab_size tokens most frequent in `token_counts` [V]; returns their ids."""
+        if not self.has_draft_vocab:
+            raise DraftheadsError("this drafter drafts over the full vocabulary; set head.draft_vocab_size to give it a draft vocabulary")
+        return choose(self, token_counts)

@@ -28,7 +28,7 @@ from draftheads.config import check, doc
 from draftheads.errors import DraftheadsError
 from draftheads.heads import draft_vocab
 from draftheads.heads.common import DepthMetrics, batch_features, bind_frozen, mean_loss, shift_mask, target_dims, text_config
-from draftheads.heads.draft_tree import Columns, Sampling, draft_dynamic, draft_static, node_depth
+from draftheads.heads.draft_tree import Sampling, draft_dynamic, draft_static, node_depth
 from draftheads.heads.layers import (
     KVCache, build_decoder_layer, causal_visible, make_norm, run_layer, target_parts, tree_visible, ttt_visible,
     widen_attention_inputs,
@@ -89,7 +89,7 @@ class EagleConfig:
         return MAX_TTT_STEPS  # autoregressive: any draft depth
 
 
-class EagleDrafter(nn.Module):
+class EagleDrafter(draft_vocab.DraftVocabulary, nn.Module):
     """One draft decoder layer of the target's own class, run autoregressively on its own features.
 
     The "carry" fed at position t is what the layer continues from: EAGLE-1/2 the feature f_t
@@ -148,15 +148,6 @@ class EagleDrafter(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
-    @property
-    def has_draft_vocab(self) -> bool:
-        return self.config.draft_vocab_size is not None
-
-    @property
-    def draft_ids(self) -> torch.Tensor:
-        """[Vd] target token id of each draft-vocabulary entry."""
-        return draft_vocab.ids(self.d2t)
-
     def _initial_carry(self, features: torch.Tensor) -> torch.Tensor:
         """features [b, n, F] -> carry [b, n, H] from the target's own hidden states."""
         if self.config.eagle3:
@@ -182,8 +173,7 @@ class EagleDrafter(nn.Module):
 
     def _vocab_logits(self, out: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V] over the target vocabulary (-inf outside a draft vocabulary)."""
-        logits = self._draft_logits(out)
-        return draft_vocab.widen(logits, self.d2t, self.vocab_size) if self.has_draft_vocab else logits
+        return self.widen_logits(self._draft_logits(out))
 
     # ---- training -----------------------------------------------------------------------------
 
@@ -272,9 +262,7 @@ class EagleDrafter(nn.Module):
         d2t (target id = draft id + d2t[draft id]) and t2d ([V] bool). EAGLE-3 with `init_from_target`
         and a bound target: its own lm_head starts as the target's rows for those tokens.
         """
-        if not self.has_draft_vocab:
-            raise DraftheadsError("this EAGLE drafter drafts over the full vocabulary; set head.draft_vocab_size to give it a draft vocabulary")
-        chosen = draft_vocab.choose(self, token_counts)
+        chosen = super().set_draft_vocab(token_counts)
         if self.config.eagle3 and init_from_target and hasattr(self, "_lm_head"):
             self.lm_head.weight.copy_(self._lm_head.weight[chosen])
 
@@ -311,7 +299,7 @@ class EagleDrafter(nn.Module):
         sampling = Sampling(temperature, top_k, top_p, generator)
         state = {"out": {0: self._root_out}, "columns": {}}
         expand = functools.partial(self._expand, state)
-        columns = Columns(self.draft_ids, self.vocab_size) if self.has_draft_vocab else None
+        columns = self.draft_columns()
         if isinstance(tree, DynamicTreeSpec):
             tree, tokens, q = draft_dynamic(tree, self._root_token, expand, sampling, columns)
         else:

@@ -18,7 +18,7 @@ from torch import nn
 from draftheads.config import check, doc
 from draftheads.errors import DraftheadsError
 from draftheads.heads import draft_vocab, medusa2
-from draftheads.heads.draft_tree import Columns, to_target
+from draftheads.heads.draft_tree import to_target
 from draftheads.heads.common import DepthMetrics, batch_features, bind_frozen, masked_ce, mean_loss, target_dims
 from draftheads.inference.drafter import Proposal
 from draftheads.inference.sampling import pick_children, warp_probs
@@ -93,7 +93,7 @@ class ResidualBlock(nn.Module):
         return y + nn.functional.silu(self.linear(y))
 
 
-class MedusaDrafter(nn.Module):
+class MedusaDrafter(draft_vocab.DraftVocabulary, nn.Module):
     """K Medusa heads over the target's last hidden state; head k (1-based) predicts x_{t+k+1}.
 
     Parameters: heads.{k}.{i}.linear (K x num_layers distinct blocks) and, with lm_head 'own',
@@ -144,16 +144,6 @@ class MedusaDrafter(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.heads[0][0].linear.weight.dtype
 
-    @property
-    def has_draft_vocab(self) -> bool:
-        return self.config.draft_vocab_size is not None
-
-    def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
-        """Draft among the draft_vocab_size tokens most frequent in `token_counts` [V] (see heads/draft_vocab.py)."""
-        if not self.has_draft_vocab:
-            raise DraftheadsError("these Medusa heads draft over the full vocabulary; set head.draft_vocab_size to give them a draft vocabulary")
-        draft_vocab.choose(self, token_counts)
-
     def _shared_head(self, y: torch.Tensor) -> torch.Tensor:
         """The target's lm_head on y [..., H]: [..., V], or [..., Vd] over the draft vocabulary."""
         if self._lm_head is None:
@@ -179,9 +169,7 @@ class MedusaDrafter(nn.Module):
         if self.config.lm_head == "own":
             return torch.stack([self.head_logits(k, feature) for k in range(depth)], dim=1)
         logits = self._shared_head(torch.stack([self.heads[k](feature) for k in range(depth)], dim=1))
-        if self.has_draft_vocab and widen:
-            return draft_vocab.widen(logits.float(), self.d2t, len(self.t2d))
-        return logits
+        return self.widen_logits(logits.float()) if widen and self.has_draft_vocab else logits
 
     # ---- training ----------------------------------------------------------------------------
 
@@ -200,7 +188,7 @@ class MedusaDrafter(nn.Module):
         loss = hidden.new_zeros((), dtype=torch.float32)
         for k in range(self.config.num_heads):
             loss_sum, correct, total = masked_ce(hidden, batch, k + 2, lambda rows, k=k: self.head_logits(k, rows),
-                                                 self.d2t if self.has_draft_vocab else None)
+                                                 self.draft_map)
             metrics.add(k, loss_sum, correct, total)
             loss = loss + self.config.loss_decay**k * mean_loss(loss_sum, total)
         return loss, metrics.as_dict()
@@ -253,7 +241,7 @@ class MedusaDrafter(nn.Module):
             raise DraftheadsError("Medusa propose() called before observe(); feed the prompt's features first")
         depth = tree.max_depth
         logits = self.draft_logits(self._feature, depth, widen=False)  # [b, D, V] or [b, D, Vd]
-        columns = Columns(draft_vocab.ids(self.d2t), len(self.t2d)) if self.has_draft_vocab else None
+        columns = self.draft_columns()
         sampled = generator is not None and temperature > 0
         widths = [1 + max(r for r, d in zip(tree.ranks, tree.depths) if d == level) for level in range(1, depth + 1)]
         if sampled:

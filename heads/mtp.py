@@ -20,7 +20,7 @@ from draftheads.config import check, doc
 from draftheads.errors import DraftheadsError
 from draftheads.heads import draft_vocab
 from draftheads.heads.common import DepthMetrics, batch_features, bind_frozen, masked_ce, mean_loss, target_dims, text_config
-from draftheads.heads.draft_tree import Columns, Sampling, draft_dynamic, draft_static, lineage, node_depth
+from draftheads.heads.draft_tree import Sampling, draft_dynamic, draft_static, lineage, node_depth
 from draftheads.heads.layers import KVCache, build_decoder_layer, causal_visible, make_norm, run_layer, target_parts, tree_visible
 from draftheads.inference.drafter import Proposal
 from draftheads.inference.tree import DynamicTreeSpec, Tree, parse_tree
@@ -68,7 +68,7 @@ class MTPModule(nn.Module):
         return run_layer(self.layer, rotary, fused, position_ids, visible, cache)
 
 
-class MTPDrafter(nn.Module):
+class MTPDrafter(draft_vocab.DraftVocabulary, nn.Module):
     """D sequential MTP modules over the target's last hidden state."""
 
     feature_layers = (-1,)
@@ -104,16 +104,6 @@ class MTPDrafter(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.blocks[0].proj.weight.dtype
 
-    @property
-    def has_draft_vocab(self) -> bool:
-        return self.config.draft_vocab_size is not None
-
-    def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
-        """Draft among the draft_vocab_size tokens most frequent in `token_counts` [V] (see heads/draft_vocab.py)."""
-        if not self.has_draft_vocab:
-            raise DraftheadsError("this MTP drafter drafts over the full vocabulary; set head.draft_vocab_size to give it a draft vocabulary")
-        draft_vocab.choose(self, token_counts)
-
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """h^k [..., H] -> fp32 logits through the target's final norm and lm_head: [..., V], or [..., Vd]
         over the draft vocabulary (the lm_head's rows for it)."""
@@ -124,8 +114,7 @@ class MTPDrafter(nn.Module):
 
     def _vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """h^k [..., H] -> [..., V] over the target vocabulary (-inf outside a draft vocabulary)."""
-        logits = self._logits(hidden)
-        return draft_vocab.widen(logits, self.d2t, self.vocab_size) if self.has_draft_vocab else logits
+        return self.widen_logits(self._logits(hidden))
 
     # ---- training -----------------------------------------------------------------------------
 
@@ -153,7 +142,7 @@ class MTPDrafter(nn.Module):
         metrics = DepthMetrics(self.config.depth, h0.device)
         loss = h0.new_zeros(())
         for k, hidden in enumerate(self.forward_modules(h0, batch["input_ids"], batch.get("position_ids")), start=1):
-            loss_sum, correct, total = masked_ce(hidden, batch, k + 1, self._logits, self.d2t if self.has_draft_vocab else None)
+            loss_sum, correct, total = masked_ce(hidden, batch, k + 1, self._logits, self.draft_map)
             metrics.add(k - 1, loss_sum, correct, total)
             loss = loss + weights[k - 1] * mean_loss(loss_sum, total)
         return loss, metrics.as_dict()
@@ -219,7 +208,7 @@ class MTPDrafter(nn.Module):
         sampling = Sampling(temperature, top_k, top_p, generator)
         expand = functools.partial(self._expand, {})
         root = self._tokens[:, -1]
-        columns = Columns(draft_vocab.ids(self.d2t), self.vocab_size) if self.has_draft_vocab else None
+        columns = self.draft_columns()
         if isinstance(tree, DynamicTreeSpec):
             tree, tokens, q = draft_dynamic(tree, root, expand, sampling, columns)
         else:

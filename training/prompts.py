@@ -244,8 +244,9 @@ def self_prompts(write: Writer, count: int, src, seed: int, skipped: collections
         # Ask for a quarter more than needed: on SmolLM2 at temperature 0.7, 62 of 1,204 written prompts
         # were filtered out or duplicated; later rounds top up whatever is still missing.
         for text, finished in write(need + need // 4 + 4, src.max_tokens, src.temperature, seed * 1000 + attempt, src.starts_with):
-            if not finished and trim_unfinished(text) is not None:
-                text, finished = trim_unfinished(text), True
+            trimmed = None if finished else trim_unfinished(text)
+            if trimmed is not None:
+                text, finished = trimmed, True
             reason = check_self_prompt(text, finished)
             if reason is None and normalise(text) in seen:
                 reason = "duplicate"
