@@ -10,7 +10,8 @@ Inputs shared by every rule (b rows are independent):
 
 Rules:
     greedy   accept a child iff its token is argmax p of its parent; longest accepted path;
-             next token argmax p (whatever the temperature).
+             next token argmax p (whatever the temperature). It reads only argmaxes, so p may be the
+             raw logits.
     strict   lossless recursive rejection sampling: at the current node try the children in rank
              order; child x_j is accepted with probability min(1, r(x_j) / q_j(x_j)), where r is the
              residual target (starts as p) and q_j the distribution x_j was drawn from (q with the
