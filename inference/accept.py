@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from draftheads.inference.sampling import sample
+from draftheads.inference.sampling import sample, top1
 from draftheads.inference.tree import Tree
 
 RULES = ("greedy", "strict", "typical")
@@ -100,7 +100,7 @@ def last_node(path: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
 
 
 def accept_greedy(tree: Tree, tokens: torch.Tensor, p: torch.Tensor) -> Acceptance:
-    argmax = p.argmax(-1)                                             # [b, N]
+    argmax = top1(p)                                                  # [b, N]
     parents = tree.parent_tensor.to(tokens.device).clamp(min=0)
     ok = tokens == argmax[:, parents]
     path, n = longest_path(tree, ok)

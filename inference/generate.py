@@ -23,7 +23,7 @@ import torch
 from draftheads.errors import DraftheadsError
 from draftheads.inference.accept import RULES, accept
 from draftheads.inference.drafter import Drafter, Proposal
-from draftheads.inference.sampling import sample, warp_probs
+from draftheads.inference.sampling import sample, top1, warp_probs
 from draftheads.inference.stats import GenerationStats
 from draftheads.inference.tree import DynamicTreeSpec, Tree, parse_tree
 from draftheads.inference.verify import check_length, compact_cache, new_cache, prefill, verify
@@ -88,7 +88,7 @@ class Decoder:
         self.cache = new_cache(self.target)
         out = prefill(self.target, input_ids, self.cache, self.feature_layers)
         p = self.settings.warp(out.logits[:, -1])
-        first = p.argmax(-1) if self.settings.rule == "greedy" else sample(p, self.generator)
+        first = top1(p) if self.settings.rule == "greedy" else sample(p, self.generator)
         self._emit([int(first[0])])
         t1 = clock(device)
         self.stats.prefill_s += t1 - t0

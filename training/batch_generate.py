@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from draftheads.inference.sampling import sample, warp_probs
+from draftheads.inference.sampling import sample, top1, warp_probs
 
 # Drop finished rows once this share of the live batch is done: pruning copies the cache,
 # so doing it every step would cost more than the wasted compute it saves.
@@ -41,7 +41,7 @@ def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tenso
 def pick(logits: torch.Tensor, temperature: float, top_p: float, generator) -> torch.Tensor:
     """[b, V] -> [b] next tokens: argmax for temperature 0, else a draw from the warped distribution."""
     if temperature == 0:
-        return logits.argmax(-1)
+        return top1(logits)
     probs = warp_probs(logits, temperature=temperature, top_p=top_p)
     return sample(probs, generator)  # the generator must live on the model's device
 
