@@ -51,12 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="measure acceptance and speedup of drafters")
     p.add_argument("drafters", nargs="*", help="drafter or run folders")
     p.add_argument("--target", default=None, help="target spec (default: the drafter's target)")
-    p.add_argument("--prompts", default="humaneval", help="humaneval, a local file, or a hub dataset")
-    p.add_argument("--limit", type=int, default=None, help="at most this many prompts")
-    p.add_argument("--accept", default="greedy", help="comma-separated: greedy,strict,typical")
-    p.add_argument("--temperature", default="0", help="comma-separated temperatures")
+    # unset flags take the eval: section of the recipe that trained the first drafter, else its defaults
+    p.add_argument("--prompts", default=None, help="humaneval, a local file, or a hub dataset (default: humaneval)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many prompts (default: 20)")
+    p.add_argument("--accept", default=None, help="comma-separated: greedy,strict,typical (default: greedy)")
+    p.add_argument("--temperature", default=None, help="comma-separated temperatures (default: 0)")
     p.add_argument("--tree", default=None, help="chain:K | static:PATHS | auto | dynamic:TOPK,DEPTH,TOTAL")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens generated per prompt (default: 128)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     p.add_argument("--out", default=None, help="report folder (default: a timestamped folder)")
     p.add_argument("--combined", action="store_true", help="also measure each learned drafter combined with prompt lookup")
@@ -139,12 +140,39 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     from draftheads.inference.evaluate import run_eval
 
+    recipe = recipe_eval_section(args.drafters)
+    accept = _split(args.accept) if args.accept is not None else recipe.accept
+    temperatures = [_number(t, "--temperature") for t in _split(args.temperature)] if args.temperature is not None else recipe.temperatures
     run_eval(
-        args.drafters, target=args.target, prompts=args.prompts, limit=args.limit,
-        accept=_split(args.accept), temperatures=[_number(t, "--temperature") for t in _split(args.temperature)],
-        tree=args.tree, max_new_tokens=args.max_new_tokens, dtype=args.dtype, out=args.out, combined=args.combined,
+        args.drafters, target=args.target, prompts=_given(args.prompts, recipe.prompts), limit=_given(args.limit, recipe.limit),
+        accept=accept, temperatures=temperatures, tree=_given(args.tree, recipe.tree),
+        max_new_tokens=_given(args.max_new_tokens, recipe.max_new_tokens), dtype=args.dtype, out=args.out,
+        combined=args.combined, seed=recipe.seed, typical_epsilon=recipe.typical_epsilon, typical_delta=recipe.typical_delta,
     )
     return 0
+
+
+def recipe_eval_section(drafters: list[str]):
+    """The eval: section of the recipe saved with the first drafter's run, or the defaults (lookup only, a
+    drafter folder without its run, a run from before recipes were saved)."""
+    from draftheads.config import build
+    from draftheads.heads.native import resolve_drafter_folder
+    from draftheads.inference.evaluate import LOOKUP_NAMES, run_recipe
+    from draftheads.recipe import EvalConfig
+
+    for spec in drafters:
+        name = spec.removesuffix("+lookup")
+        if name in LOOKUP_NAMES:
+            continue
+        saved = run_recipe(resolve_drafter_folder(name))
+        if saved and saved.get("eval"):
+            return build(EvalConfig, saved["eval"], "eval")
+        break
+    return EvalConfig()
+
+
+def _given(flag, default):
+    return default if flag is None else flag
 
 
 def cmd_export(args) -> int:

@@ -74,3 +74,27 @@ def test_train_entry_points_reach_the_same_function(monkeypatch):
     assert draftheads.cli.main(["train", "eagle-smollm2", "train.lr=1e-4"]) == 0
     assert draftheads.train.main(["eagle-smollm2", "train.lr=1e-4"]) == 0
     assert [r.train.lr for r in seen] == [1e-4, 1e-4]
+
+
+def test_eval_takes_unset_flags_from_the_runs_recipe(tmp_path, monkeypatch):
+    import draftheads.inference.evaluate as evaluate
+
+    run = tmp_path / "runs" / "tiny"
+    (run / "final" / "drafter").mkdir(parents=True)
+    (run / "final" / "drafter" / "config.json").write_text("{}")
+    (run / "step_000010").mkdir()
+    (run / "step_000010" / "recipe.yaml").write_text(
+        "eval:\n  limit: 3\n  tree: chain:2\n  accept: [strict]\n  temperatures: [0.7]\n  max_new_tokens: 16\n  seed: 5\n"
+    )
+    seen = []
+    monkeypatch.setattr(evaluate, "run_eval", lambda drafters, **kw: seen.append(kw))
+
+    assert main(["eval", str(run)]) == 0
+    assert main(["eval", str(run) + "+lookup", "--limit", "7", "--accept", "greedy,typical", "--temperature", "0"]) == 0
+    assert main(["eval", "lookup"]) == 0
+
+    from_recipe, overridden, defaults = seen
+    assert (from_recipe["limit"], from_recipe["tree"], from_recipe["accept"], from_recipe["temperatures"]) == (3, "chain:2", ["strict"], [0.7])
+    assert (from_recipe["max_new_tokens"], from_recipe["seed"], from_recipe["prompts"]) == (16, 5, "humaneval")
+    assert (overridden["limit"], overridden["accept"], overridden["temperatures"], overridden["tree"]) == (7, ["greedy", "typical"], [0.0], "chain:2")
+    assert (defaults["limit"], defaults["accept"], defaults["max_new_tokens"], defaults["tree"]) == (20, ["greedy"], 128, None)
