@@ -33,6 +33,34 @@ class DraftLoss(torch.nn.Module):
     def forward(self, batch: dict):
         return self.drafter.training_loss(batch)
 
+    def state_dict(self, *args, destination=None, prefix="", keep_vars=False):
+        """What training changes, for accelerate's checkpoints. A Medusa-2 drafter holds its whole target (a
+        submodule under the LoRA adapter); its frozen weights come from the target on resume and would
+        otherwise be copied into every checkpoint (14 GB each for a 7B target)."""
+        state = super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        for key in self.frozen_target_keys(prefix) & state.keys():
+            del state[key]
+        return state
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Loads a checkpoint written by `state_dict`: the frozen target weights it leaves out are not missing."""
+        result = super().load_state_dict(state_dict, strict=False, assign=assign)
+        frozen = self.frozen_target_keys()
+        result.missing_keys[:] = [k for k in result.missing_keys if k not in frozen]
+        if strict and (result.missing_keys or result.unexpected_keys):
+            raise RuntimeError(f"checkpoint does not fit the drafter: missing {result.missing_keys[:3]}, "
+                               f"unexpected {result.unexpected_keys[:3]}")
+        return result
+
+    def frozen_target_keys(self, prefix: str = "") -> set[str]:
+        """State-dict keys of the target's frozen weights, when the drafter holds the target (Medusa-2)."""
+        target = self.drafter._modules.get("target")
+        if target is None:
+            return set()
+        inside = prefix + "drafter.target."
+        trainable = {name for name, p in target.named_parameters() if p.requires_grad}
+        return {inside + name for name in target.state_dict(keep_vars=True) if name not in trainable}
+
 
 @dataclass
 class Run:

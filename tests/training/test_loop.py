@@ -240,3 +240,19 @@ def test_medusa2_trains_its_lora_adapter_online(tmp_path, data_dir, tokenizer):
     for k, v in base.items():  # the base weights under the adapter stay frozen
         match = [a for a in adapted if a.replace("base_layer.", "") == k]
         assert match and torch.equal(adapted[match[0]].float(), v.float())
+
+
+def test_medusa2_checkpoints_hold_the_adapter_not_the_frozen_target(tmp_path, data_dir, tokenizer):
+    from safetensors.torch import load_file
+
+    from tests.fixtures import make_target
+
+    head = {"type": "medusa", "num_heads": 2, "medusa2": True, "lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.0}
+    run_dir = run_training(tiny_recipe(data_dir, tmp_path / "run", head, max_steps=2), target=make_target("llama", tokenizer))
+    saved = load_file(str(run_dir / "step_000002" / "model.safetensors"))
+    under_target = [k for k in saved if k.startswith("drafter.target.")]
+    assert under_target and all("lora_" in k for k in under_target)
+    assert any(k.startswith("drafter.heads.") for k in saved)
+    # resume restores from that checkpoint into a fresh target and carries on
+    resumed = run_training(tiny_recipe(data_dir, tmp_path / "run", head, max_steps=3), target=make_target("llama", tokenizer))
+    assert json.loads((resumed / "final" / "metrics.json").read_text())["steps"] == 3
