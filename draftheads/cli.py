@@ -138,9 +138,9 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from draftheads.inference.evaluate import run_eval
+    from draftheads.inference.evaluate import run_eval, saved_eval_settings
 
-    recipe = recipe_eval_section(args.drafters)
+    recipe = saved_eval_settings(args.drafters)
     accept = _split(args.accept) if args.accept is not None else recipe.accept
     temperatures = [_number(t, "--temperature") for t in _split(args.temperature)] if args.temperature is not None else recipe.temperatures
     run_eval(
@@ -150,25 +150,6 @@ def cmd_eval(args) -> int:
         combined=args.combined, seed=recipe.seed, typical_epsilon=recipe.typical_epsilon, typical_delta=recipe.typical_delta,
     )
     return 0
-
-
-def recipe_eval_section(drafters: list[str]):
-    """The eval: section of the recipe saved with the first drafter's run, or the defaults (lookup only, a
-    drafter folder without its run, a run from before recipes were saved)."""
-    from draftheads.config import build
-    from draftheads.heads.native import resolve_drafter_folder
-    from draftheads.inference.evaluate import LOOKUP_NAMES, run_recipe
-    from draftheads.recipe import EvalConfig
-
-    for spec in drafters:
-        name = spec.removesuffix("+lookup")
-        if name in LOOKUP_NAMES:
-            continue
-        saved = run_recipe(resolve_drafter_folder(name))
-        if saved and saved.get("eval"):
-            return build(EvalConfig, saved["eval"], "eval")
-        break
-    return EvalConfig()
 
 
 def _given(flag, default):

@@ -119,18 +119,33 @@ def load_eval_target(spec: str | None, dtype: str, drafters: list[str], target_m
     return model, tokenizer, info
 
 
+def learned_paths(specs: list[str]) -> list[str]:
+    """The learned drafters' folders among drafter specs ('FOLDER', 'FOLDER+lookup'; lookup itself left out)."""
+    paths = (spec.removesuffix("+lookup") for spec in specs)
+    return [path for path in paths if path not in LOOKUP_NAMES]
+
+
 def saved_target_name(drafters: list[str]) -> str | None:
     """The target a learned drafter was trained for, from its config.json."""
     from draftheads.heads.native import CONFIG, resolve_drafter_folder
 
-    for spec in drafters:
-        path = spec.removesuffix("+lookup")
-        if path in LOOKUP_NAMES:
-            continue
+    for path in learned_paths(drafters):
         saved = json.loads((resolve_drafter_folder(path) / CONFIG).read_text()).get("target") or {}
         if saved.get("name"):
             return saved["name"]
     return None
+
+
+def saved_eval_settings(drafters: list[str]):
+    """The eval: section of the recipe saved with the first learned drafter's run, else EvalConfig's defaults
+    (prompt lookup only, a drafter folder without its run, a run whose recipe has no eval section)."""
+    from draftheads.config import build
+    from draftheads.heads.native import resolve_drafter_folder
+    from draftheads.recipe import EvalConfig
+
+    paths = learned_paths(drafters)
+    saved = run_recipe(resolve_drafter_folder(paths[0])) if paths else None
+    return build(EvalConfig, saved["eval"], "eval") if saved and saved.get("eval") else EvalConfig()
 
 
 def build_entries(specs: list[str], model, tree: str | None, combined: bool) -> list[Entry]:
