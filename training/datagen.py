@@ -77,7 +77,8 @@ def run_data(recipe, *, overwrite: bool = False, dry_run: bool = False, target=N
         return out
     backend, tokenizer = make_backend(recipe, target, procs)
     prompts, skipped = ensure_prompts(out, recipe.data, backend, procs)
-    chats, plan_skips = plan_chats(prompts, tokenizer, recipe.data)
+    kept = (datastore.read_meta(out).get("grown_from") or {}).get("prompts", 0)  # answered before the folder grew
+    chats, plan_skips = plan_chats(prompts[kept:], tokenizer, recipe.data, first_id=kept)
     skipped.update(plan_skips)
     if not chats:
         reasons = "; ".join(f"{n} {r}" for r, n in skipped.items())
@@ -115,14 +116,18 @@ def make_backend(recipe, target, procs: Processes):
 
 
 def ensure_prompts(out: Path, data, backend, procs: Processes):
-    """The run's prompts: read back from the folder, else collected (self prompts written) once by the main process."""
+    """The run's prompts: read back from the folder, else collected (self prompts written) once by the main
+    process. A growing folder keeps its prompts and collects only the new ones after them."""
     path = out / PROMPTS
-    skipped = collections.Counter()
-    if procs.is_main and not path.exists():
+    grown = datastore.read_meta(out).get("grown_from")
+    have = read_prompts(path) if grown and path.exists() else []
+    if procs.is_main and (not path.exists() or (grown and len(have) == grown["prompts"])):
         partial = out / SELF_PARTIAL
-        prompts, skipped = collect_prompts(data, write=resumable_writer(partial, backend.write, data.batch_size))
-        save_prompts(path, prompts)
+        more, skipped = collect_prompts(data, write=resumable_writer(partial, backend.write, data.batch_size), have=have)
+        if grown:
+            skipped.update(grown["prompt_skips"])
         datastore.update_meta(out, prompt_skips=dict(skipped))
+        save_prompts(path, have + more)  # last: its length tells a resumed run that the new prompts are collected
         partial.unlink(missing_ok=True)
     procs.wait()
     skipped = collections.Counter(datastore.read_meta(out).get("prompt_skips", {}))
@@ -159,11 +164,12 @@ def resumable_writer(path: Path, write, chunk: int):
     return write_chunks
 
 
-def plan_chats(prompts, tokenizer, data) -> tuple[list, collections.Counter]:
-    """First-turn chats sorted by prompt length (less padding); prompts that cannot fit are counted out."""
+def plan_chats(prompts, tokenizer, data, first_id: int = 0) -> tuple[list, collections.Counter]:
+    """First-turn chats sorted by prompt length (less padding); prompts that cannot fit are counted out.
+    Prompt ids count from `first_id` (the prompts a grown folder already answered come first)."""
     chats, skipped = [], collections.Counter()
     room = min(data.max_new_tokens, data.max_length // 2)
-    for i, prompt in enumerate(prompts):
+    for i, prompt in enumerate(prompts, start=first_id):
         system = data.system_prompt if data.system_prompt is not None else prompt.system
         chat = start_chat(tokenizer, i, prompt.turns, system, data.max_length, data.truncate, room)
         if chat.stopped:

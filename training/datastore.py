@@ -4,7 +4,12 @@
         draftheads_data.json       recipe hash, target + data settings, summary, complete flag
         prompts.jsonl              the prompts, fixed once (ids = line numbers)
         shards/shard_000003/       one finished shard (datasets folder + stats.json); renamed in when complete
+        shards/base/               while growing: the rows the folder already held (datasets folder + stats.json)
         data-*.arrow, state.json   the merged dataset (datasets.load_from_disk(folder))
+
+Raising data.num_prompts of a finished folder grows it: its rows are kept and only the new prompts
+are answered. The new prompts are drawn with other seeds (and never repeat a kept one), so a grown
+folder holds different rows from one generated at the larger count in one go.
 """
 
 from __future__ import annotations
@@ -23,16 +28,25 @@ from draftheads.errors import DraftheadsError
 
 META = "draftheads_data.json"
 SHARDS = "shards"
+BASE = "base"
 # Settings that change no row: a run may resume with a different batch size or server address.
 NOT_HASHED = ("output", "batch_size", "concurrency", "max_retries", "openai_url")
+TARGET_HASHED = ("name", "revision", "dtype", "chat_template")
+# How the summary names responses and prompts that were kept although cut; read back when a folder grows.
+CUT = "responses cut at max_new_tokens/max_length (kept, no end-of-turn)"
+TRUNCATED = "prompts truncated to fit max_length (kept)"
+
+
+def settings_hash(target: dict, data: dict) -> str:
+    """Hash of every setting that changes the rows (target identity and the data section)."""
+    data = {k: v for k, v in data.items() if k not in NOT_HASHED}
+    target = {k: target.get(k) for k in TARGET_HASHED}
+    text = json.dumps({"target": target, "data": data}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def recipe_hash(recipe) -> str:
-    """Hash of every setting that changes the rows (target identity and the data section)."""
-    data = {k: v for k, v in to_dict(recipe.data).items() if k not in NOT_HASHED}
-    target = {k: getattr(recipe.target, k) for k in ("name", "revision", "dtype", "chat_template")}
-    text = json.dumps({"target": target, "data": data}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return settings_hash(to_dict(recipe.target), to_dict(recipe.data))
 
 
 def read_meta(out: Path) -> dict:
@@ -67,6 +81,9 @@ def prepare_folder(out: Path, recipe, overwrite: bool) -> None:
         if old.get("recipe_hash") == key and not overwrite:
             remove_partial(out)
             return
+        if can_grow(old, recipe) and not overwrite:
+            start_growing(out, old, recipe)
+            return
         if not overwrite:
             raise DraftheadsError(f"'{out}' holds data from a different recipe (hash {old.get('recipe_hash')}, now {key}); "
                                   "rerun with --overwrite to replace it, or set data.output to another folder")
@@ -76,17 +93,61 @@ def prepare_folder(out: Path, recipe, overwrite: bool) -> None:
                      "target": to_dict(recipe.target), "data": to_dict(recipe.data)})
 
 
+def can_grow(old: dict, recipe) -> bool:
+    """The folder holds finished rows of these very settings, only for fewer prompts."""
+    if not old.get("complete") or "data" not in old or "target" not in old:
+        return False
+    before = old["data"].get("num_prompts", 0)
+    same = settings_hash(old["target"], {**old["data"], "num_prompts": recipe.data.num_prompts}) == recipe_hash(recipe)
+    return same and before < recipe.data.num_prompts
+
+
+def start_growing(out: Path, old: dict, recipe) -> None:
+    """Keep the folder's rows as shards/base and mark it unfinished for the larger prompt count."""
+    import datasets
+
+    out, summary = Path(out), old.get("summary", {})
+    print(f"draftheads data: '{out}' holds the rows of {old['data']['num_prompts']} prompts; keeping them and answering "
+          f"{recipe.data.num_prompts - old['data']['num_prompts']} new ones (data.num_prompts is now {recipe.data.num_prompts})")
+    remove_partial(out)
+    base = shard_path(out, BASE)
+    if not base.exists():
+        tmp = base.parent / f".tmp-{base.name}-{os.getpid()}"
+        with quiet_datasets():
+            datasets.load_from_disk(str(out)).save_to_disk(str(tmp))
+        (tmp / "stats.json").write_text(json.dumps(summary_as_stats(summary, old.get("prompt_skips", {}))))
+        os.replace(tmp, base)
+    # Feature caches are keyed by the rows, so no later run can use the ones built for the old rows.
+    shutil.rmtree(out / "features", ignore_errors=True)
+    grown = {"prompts": summary.get("prompts", 0), "prompt_skips": old.get("prompt_skips", {})}
+    write_meta(out, {**old, "recipe_hash": recipe_hash(recipe), "complete": False, "data": to_dict(recipe.data),
+                     "grown_from": grown, "grown": old.get("grown", []) + [
+                         {"from": old["data"]["num_prompts"], "to": recipe.data.num_prompts,
+                          "date": time.strftime("%Y-%m-%d %H:%M:%S")}]})
+
+
+def summary_as_stats(summary: dict, prompt_skips: dict) -> dict:
+    """A finished folder's summary in the form of one shard's stats, so the grown folder's summary adds up."""
+    dropped = dict(summary.get("dropped", {}))
+    cut, truncated = dropped.pop(CUT, 0), dropped.pop(TRUNCATED, 0)
+    # What the summary dropped besides the prompt skips (kept in the metadata) were first turns stopped at planning.
+    stopped = {k: n - prompt_skips.get(k, 0) for k, n in dropped.items() if n > prompt_skips.get(k, 0)}
+    return {"rows": summary.get("rows", 0), "tokens": summary.get("tokens", 0), "generated_tokens": summary.get("generated_tokens", 0),
+            "responses": summary.get("responses", 0), "cut_responses": cut, "truncated_prompts": truncated,
+            "stopped": stopped, "seconds": summary.get("generation_seconds", 0.0)}
+
+
 def remove_partial(out: Path) -> None:
     """Temp folders of shards that a killed run was writing."""
     for tmp in (Path(out) / SHARDS).glob(".tmp-*"):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def shard_path(out: Path, index: int) -> Path:
-    return Path(out) / SHARDS / f"shard_{index:06d}"
+def shard_path(out: Path, index: int | str) -> Path:
+    return Path(out) / SHARDS / (index if isinstance(index, str) else f"shard_{index:06d}")
 
 
-def shard_done(out: Path, index: int) -> bool:
+def shard_done(out: Path, index: int | str) -> bool:
     return shard_path(out, index).is_dir()
 
 
@@ -151,15 +212,16 @@ def merge(out: Path, count: int, recipe, skipped: collections.Counter, num_promp
     missing = [i for i in range(count) if not shard_done(out, i)]
     if missing:
         raise DraftheadsError(f"shards {missing[:5]} of '{out}' are missing; rerun the same command to finish them")
+    names = ([BASE] if shard_done(out, BASE) else []) + list(range(count))  # the rows kept from before a grow come first
     with quiet_datasets():
-        parts = [datasets.load_from_disk(str(shard_path(out, i))) for i in range(count)]
+        parts = [datasets.load_from_disk(str(shard_path(out, i))) for i in names]
         table = datasets.concatenate_datasets(parts) if parts else datasets.Dataset.from_dict(
             {"input_ids": [], "loss_mask": [], "prompt_id": []}, features=features())
         ids = table["prompt_id"]
         table = table.select(sorted(range(len(ids)), key=ids.__getitem__))
         table.save_to_disk(str(out))
-    stats = [json.loads((shard_path(out, i) / "stats.json").read_text()) for i in range(count)]
-    update_meta(out, complete=True, summary={**summarise(stats, skipped, num_prompts), "processes": processes})
+    stats = [json.loads((shard_path(out, i) / "stats.json").read_text()) for i in names]
+    update_meta(out, complete=True, grown_from=None, summary={**summarise(stats, skipped, num_prompts), "processes": processes})
     shutil.rmtree(Path(out) / SHARDS, ignore_errors=True)
 
 
@@ -170,9 +232,9 @@ def summarise(stats: list[dict], skipped: collections.Counter, num_prompts: int)
         total.update({k: v for k, v in s.items() if isinstance(v, (int, float))})
         dropped.update(s["stopped"])
     if total["cut_responses"]:
-        dropped["responses cut at max_new_tokens/max_length (kept, no end-of-turn)"] += total["cut_responses"]
+        dropped[CUT] += total["cut_responses"]
     if total["truncated_prompts"]:
-        dropped["prompts truncated to fit max_length (kept)"] += total["truncated_prompts"]
+        dropped[TRUNCATED] += total["truncated_prompts"]
     return {
         "prompts": num_prompts, "rows": total["rows"], "tokens": total["tokens"],
         "generated_tokens": total["generated_tokens"], "responses": total["responses"],

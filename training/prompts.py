@@ -234,9 +234,11 @@ def normalise(text: str) -> str:
     return " ".join(text.lower().split())
 
 
-def self_prompts(write: Writer, count: int, src, seed: int, skipped: collections.Counter, rounds: int = 8) -> list[Prompt]:
-    """`count` distinct, filtered prompts written by the target; fewer (counted) if it keeps failing."""
-    prompts, seen = [], set()
+def self_prompts(write: Writer, count: int, src, seed: int, skipped: collections.Counter, rounds: int = 8,
+                 seen: set[str] = frozenset()) -> list[Prompt]:
+    """`count` distinct, filtered prompts written by the target, none of them in `seen` (normalised);
+    fewer (counted) if it keeps failing."""
+    prompts, seen = [], set(seen)
     for attempt in range(rounds):
         if len(prompts) >= count:
             break
@@ -286,17 +288,21 @@ def fill_quotas(weights: list[float], available: list[float], total: int) -> lis
     return take
 
 
-def collect_prompts(data, write: Writer | None = None) -> tuple[list[Prompt], collections.Counter]:
-    """data.num_prompts prompts mixed from data.prompts by weight; the order is fixed by data.seed."""
+def collect_prompts(data, write: Writer | None = None, have: list[Prompt] = ()) -> tuple[list[Prompt], collections.Counter]:
+    """data.num_prompts prompts mixed from data.prompts by weight; the order is fixed by data.seed.
+    With `have` (the prompts of a folder that grows), only the missing ones, none of them repeating one
+    it has; self prompts are then written with new seeds, so the target does not write the same ones again."""
     skipped: collections.Counter = collections.Counter()
+    taken = {tuple(p.turns) for p in have}
+    salt = 7919 * len(have)  # 0 for a first collection: its seeds stay what they always were
     pools = {}
     for i, src in enumerate(data.prompts):
         if src.source != "self":
             pool = load_source(src, skipped)
             random.Random(f"{data.seed}:{i}").shuffle(pool)
-            pools[i] = pool
+            pools[i] = [p for p in pool if tuple(p.turns) not in taken]
     available = [len(pools[i]) if i in pools else float("inf") for i in range(len(data.prompts))]
-    take = fill_quotas([s.weight for s in data.prompts], available, data.num_prompts)
+    take = fill_quotas([s.weight for s in data.prompts], available, max(data.num_prompts - len(have), 0))
     chosen = []
     for i, (src, n) in enumerate(zip(data.prompts, take)):
         if n == 0:
@@ -304,10 +310,10 @@ def collect_prompts(data, write: Writer | None = None) -> tuple[list[Prompt], co
         if src.source == "self":
             if write is None:
                 raise DraftheadsError("'self' prompts need the target to write them; they cannot be made here")
-            chosen += self_prompts(write, n, src, data.seed + i, skipped)
+            chosen += self_prompts(write, n, src, data.seed + i + salt, skipped, seen={normalise(t[0]) for t in taken})
         else:
             chosen += pools[i][:n]
-    random.Random(data.seed).shuffle(chosen)
+    random.Random(f"{data.seed}:{len(have)}" if have else data.seed).shuffle(chosen)
     return chosen, skipped
 
 

@@ -290,6 +290,56 @@ def test_folder_of_another_recipe_is_refused_unless_overwrite(tmp_path, target):
     assert datastore.recipe_hash(same_rows) == datastore.recipe_hash(changed)
 
 
+def test_raising_num_prompts_grows_the_folder_and_keeps_its_rows(tmp_path, target, monkeypatch):
+    source = prompt_file(tmp_path)
+    small = make_recipe(tmp_path / "out", source, num_prompts=5)
+    before = load(datagen.run_data(small, target=target))
+    (small.data_dir / "features" / "abc").mkdir(parents=True)  # a cache for the old rows: useless once they grow
+    old_meta = datastore.read_meta(small.data_dir)
+
+    big = make_recipe(tmp_path / "out", source, num_prompts=9)
+    real_write = datastore.write_shard
+
+    def die_after_first_new_shard(*args, **kw):
+        real_write(*args, **kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(datastore, "write_shard", die_after_first_new_shard)
+    with pytest.raises(KeyboardInterrupt):
+        datagen.run_data(big, target=target)
+    monkeypatch.undo()
+    assert not (small.data_dir / "features").exists() and (small.data_dir / "shards" / "base").is_dir()
+    after = load(datagen.run_data(big, target=target))
+
+    prompts = [json.loads(line)["turns"] for line in (small.data_dir / "prompts.jsonl").read_text().splitlines()]
+    assert len(prompts) == 9 and len({json.dumps(t) for t in prompts}) == 9  # the 4 new prompts repeat none of the 5
+    kept = [i for i, pid in enumerate(after["prompt_id"]) if pid < 5]
+    assert {k: [after[k][i] for i in kept] for k in after} == before  # the rows it had, unchanged and first
+    assert sorted(after["prompt_id"]) == after["prompt_id"] and len(after["prompt_id"]) == 9
+    meta = datastore.read_meta(small.data_dir)
+    assert meta["complete"] and meta["recipe_hash"] == datastore.recipe_hash(big) and meta["summary"]["prompts"] == 9
+    assert meta["summary"]["rows"] == 9 and meta["summary"]["generated_tokens"] == sum(map(sum, after["loss_mask"]))
+    assert meta["summary"]["generation_seconds"] > old_meta["summary"]["generation_seconds"]
+    assert [(g["from"], g["to"]) for g in meta["grown"]] == [(5, 9)]
+    assert not (small.data_dir / "shards").exists()
+
+    with pytest.raises(DraftheadsError, match="different recipe.*--overwrite"):  # fewer prompts cannot be grown into
+        datagen.run_data(make_recipe(tmp_path / "out", source, num_prompts=3), target=target)
+
+
+def test_growing_self_prompts_writes_new_ones(tmp_path, target, monkeypatch):
+    from draftheads.training import prompts as prompts_mod
+
+    monkeypatch.setattr(prompts_mod, "check_self_prompt", lambda text, finished: None if text.strip() else "empty")
+    recipe = make_recipe(tmp_path / "out", "self", num_prompts=3)
+    recipe.data.prompts[0].max_tokens = 6
+    datagen.run_data(recipe, target=target)
+    recipe.data.num_prompts = 6
+    out = datagen.run_data(recipe, target=target)
+    written = [json.loads(line)["turns"][0] for line in (out / "prompts.jsonl").read_text().splitlines()]
+    assert len(written) == 6 and len({prompts_mod.normalise(t) for t in written}) == 6
+
+
 def test_foreign_folder_is_refused_even_with_overwrite(tmp_path, target):
     out = tmp_path / "mine"
     out.mkdir()
