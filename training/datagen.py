@@ -8,7 +8,8 @@ The folder holds the dataset (input_ids, loss_mask, prompt_id), `prompts.jsonl`,
 saved in shards of `data.shard_size` prompts, each written to a temp folder and renamed
 when complete, so a run killed at any point resumes where it stopped and ends with the
 rows an uninterrupted run gives. Under `accelerate launch`, process r answers shards
-r, r+N, ... and the main process merges them.
+r, r+N, ... and the main process merges them. A finished folder whose recipe now asks for
+more prompts grows: only the new prompts are answered (see datastore).
 """
 
 from __future__ import annotations
