@@ -77,8 +77,9 @@ def run_data(recipe, *, overwrite: bool = False, dry_run: bool = False, target=N
             datastore.print_summary(out)
         return out
     backend, tokenizer = make_backend(recipe, target, procs)
-    prompts, skipped = ensure_prompts(out, recipe.data, backend, procs)
-    kept = (datastore.read_meta(out).get("grown_from") or {}).get("prompts", 0)  # answered before the folder grew
+    grown = datastore.read_meta(out).get("grown_from")  # set while a finished folder grows
+    prompts, skipped = ensure_prompts(out, recipe.data, backend, procs, grown)
+    kept = grown["prompts"] if grown else 0  # answered before the folder grew
     chats, plan_skips = plan_chats(prompts[kept:], tokenizer, recipe.data, first_id=kept)
     skipped.update(plan_skips)
     if not chats:
@@ -116,11 +117,11 @@ def make_backend(recipe, target, procs: Processes):
     return LocalBackend(model, tokenizer, recipe.data), tokenizer
 
 
-def ensure_prompts(out: Path, data, backend, procs: Processes):
+def ensure_prompts(out: Path, data, backend, procs: Processes, grown: dict | None = None):
     """The run's prompts: read back from the folder, else collected (self prompts written) once by the main
-    process. A growing folder keeps its prompts and collects only the new ones after them."""
+    process. A growing folder (`grown`: its metadata's grown_from) keeps its prompts and collects only the
+    new ones after them."""
     path = out / PROMPTS
-    grown = datastore.read_meta(out).get("grown_from")
     have = read_prompts(path) if grown and path.exists() else []
     if procs.is_main and (not path.exists() or (grown and len(have) == grown["prompts"])):
         partial = out / SELF_PARTIAL

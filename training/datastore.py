@@ -78,13 +78,13 @@ def prepare_folder(out: Path, recipe, overwrite: bool) -> None:
         if not old:
             raise DraftheadsError(f"data output '{out}' is not empty and was not written by draftheads data; "
                                   "set data.output to another folder or empty it")
-        if old.get("recipe_hash") == key and not overwrite:
-            remove_partial(out)
-            return
-        if can_grow(old, recipe) and not overwrite:
-            start_growing(out, old, recipe)
-            return
         if not overwrite:
+            if old.get("recipe_hash") == key:
+                remove_partial(out)
+                return
+            if can_grow(old, recipe):
+                start_growing(out, old, recipe)
+                return
             raise DraftheadsError(f"'{out}' holds data from a different recipe (hash {old.get('recipe_hash')}, now {key}); "
                                   "rerun with --overwrite to replace it, or set data.output to another folder")
         shutil.rmtree(out)

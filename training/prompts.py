@@ -294,6 +294,7 @@ def collect_prompts(data, write: Writer | None = None, have: list[Prompt] = ()) 
     it has; self prompts are then written with new seeds, so the target does not write the same ones again."""
     skipped: collections.Counter = collections.Counter()
     taken = {tuple(p.turns) for p in have}
+    taken_texts = {normalise(turns[0]) for turns in taken}  # what self prompts are compared by
     salt = 7919 * len(have)  # 0 for a first collection: its seeds stay what they always were
     pools = {}
     for i, src in enumerate(data.prompts):
@@ -310,7 +311,7 @@ def collect_prompts(data, write: Writer | None = None, have: list[Prompt] = ()) 
         if src.source == "self":
             if write is None:
                 raise DraftheadsError("'self' prompts need the target to write them; they cannot be made here")
-            chosen += self_prompts(write, n, src, data.seed + i + salt, skipped, seen={normalise(t[0]) for t in taken})
+            chosen += self_prompts(write, n, src, data.seed + i + salt, skipped, seen=taken_texts)
         else:
             chosen += pools[i][:n]
     random.Random(f"{data.seed}:{len(have)}" if have else data.seed).shuffle(chosen)
