@@ -92,13 +92,44 @@ def shift_mask(batch: dict, shift: int) -> torch.Tensor:
     return mask
 
 
-def masked_ce(hidden: torch.Tensor, batch: dict, shift: int, project, d2t: torch.Tensor | None = None):
+class TargetDistribution:
+    """Soft labels: the target's own distribution of each counted token, from its cached final features.
+
+    The target predicts x_{p+1} from its feature at p, so its distribution of x_{t+shift} is
+    softmax(lm_head(f_{t+shift-1})). It is computed once per batch, for every position whose next
+    token counts, and shared by all shifts (heads): one projection instead of one per head.
+    `target_logits` maps features [m, H] to logits over the same columns as the heads' logits
+    (the draft vocabulary's, when there is one: softmax over them is the target's distribution
+    restricted to it).
+    """
+
+    def __init__(self, features: torch.Tensor, batch: dict, target_logits):
+        attention = batch["attention_mask"].bool()
+        counted = batch.get("loss_mask", batch["attention_mask"]).bool()
+        predicts = attention[:, :-1] & counted[:, 1:]  # [b, s-1]: the token after p counts
+        with torch.no_grad():
+            self.probs = target_logits(features[:, :-1][predicts]).float().softmax(-1)  # [m, V]
+        self.row = torch.full(predicts.shape, -1, dtype=torch.long, device=predicts.device)
+        self.row[predicts] = torch.arange(int(predicts.sum()), device=predicts.device)
+
+    def at(self, mask: torch.Tensor, shift: int) -> torch.Tensor:
+        """[n, V]: the target's distribution of x_{t+shift} for each t of shift_mask(batch, shift)."""
+        rows = self.row[:, shift - 1 : shift - 1 + mask.shape[1]][mask]
+        if (rows < 0).any():  # shift_mask keeps x_{t+shift-1} inside the same sample, so this is a bug
+            raise DraftheadsError(f"soft labels: no target distribution for some counted positions at shift {shift}")
+        return self.probs[rows]
+
+
+def masked_ce(hidden: torch.Tensor, batch: dict, shift: int, project, d2t: torch.Tensor | None = None,
+              soft: TargetDistribution | None = None):
     """Cross-entropy of predicting x_{t+shift} from hidden[:, t], only on counted positions.
 
     hidden [b, s, H] -> project (e.g. lm_head) is applied only to the counted rows, so the
     [n, V] logits never cover padding or prompt positions. With a draft vocabulary (d2t, see
     heads/draft_vocab.py) project gives [n, Vd]; labels outside it add no loss but count as misses.
-    Returns (loss_sum, correct, total).
+    With `soft` the loss is cross-entropy against the target's distribution of x_{t+shift} over
+    the same columns (it says how close the runners-up were, which one sampled token cannot);
+    top-1 hits still count against the token. Returns (loss_sum, correct, total).
     """
     mask = shift_mask(batch, shift)
     rows = hidden[:, : mask.shape[1]][mask]  # [n, H]
@@ -106,6 +137,10 @@ def masked_ce(hidden: torch.Tensor, batch: dict, shift: int, project, d2t: torch
     if labels.numel() == 0:
         return hidden.sum() * 0.0, 0, 0  # keeps the graph (DDP needs every parameter used)
     logits = project(rows).float()
+    if soft is not None:
+        loss_sum = -(soft.at(mask, shift) * logits.log_softmax(-1)).sum()
+        guess = logits.argmax(-1) if d2t is None else draft_vocab.ids(d2t)[logits.argmax(-1)]
+        return loss_sum, (guess == labels).sum(), labels.numel()
     if d2t is None:
         loss_sum = F.cross_entropy(logits, labels, reduction="sum")
         correct = (logits.argmax(-1) == labels).sum()

@@ -120,6 +120,16 @@ class DraftVocabulary:
         """Draft-space logits [..., Vd] -> [..., V] (-inf outside); full-vocabulary logits unchanged."""
         return widen(logits, self.d2t, len(self.t2d)) if self.has_draft_vocab else logits
 
+    def target_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's own logits from its final features [..., H] (after its last norm), fp32: over the
+        draft vocabulary's columns when there is one (softmax over them is the target's distribution
+        restricted to it), else over the whole vocabulary."""
+        if getattr(self, "_lm_head", None) is None:
+            raise DraftheadsError("the drafter is not bound to a target; call drafter.bind(target) first")
+        if self.has_draft_vocab:
+            return self._shared_rows.logits(self._lm_head, self.d2t, features)
+        return self._lm_head(features.to(self._lm_head.weight.dtype)).float()
+
     def set_draft_vocab(self, token_counts: torch.Tensor) -> torch.Tensor:
         """Draft among the draft_vocab_size tokens most frequent in `token_counts` [V]; returns their ids."""
         if not self.has_draft_vocab:

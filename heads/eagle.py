@@ -229,7 +229,7 @@ class EagleDrafter(draft_vocab.DraftVocabulary, nn.Module):
         pick = self._token_loss_positions(labels.numel(), labels.device)
         logits = self._draft_logits(rows[pick])
         with torch.no_grad():
-            target_p = self._target_logits(target_f[pick]).softmax(-1)
+            target_p = self.target_logits(target_f[pick]).softmax(-1)
         loss = -(target_p * logits.log_softmax(-1)).sum(-1)  # soft CE vs the target's distribution
         if not self.config.eagle3:
             smooth_l1 = F.smooth_l1_loss(rows.float(), target_f.float(), reduction="none").mean(-1)
@@ -245,14 +245,6 @@ class EagleDrafter(draft_vocab.DraftVocabulary, nn.Module):
         if not self.training or fraction >= 1:
             return slice(None)
         return torch.randperm(m, device=device)[: max(1, round(fraction * m))]
-
-    def _target_logits(self, f: torch.Tensor) -> torch.Tensor:
-        """The target's logits from its final features [m, H]; with a draft vocabulary only its columns
-        (softmax over them is the target distribution restricted to the draft vocabulary)."""
-        weight, bias = self._lm_head.weight, getattr(self._lm_head, "bias", None)
-        if self.has_draft_vocab:
-            weight, bias = self._shared_rows(self._lm_head, self.d2t)
-        return F.linear(f.to(weight.dtype), weight, bias).float()
 
     @torch.no_grad()
     def set_draft_vocab(self, token_counts: torch.Tensor, init_from_target: bool = True) -> None:

@@ -19,7 +19,8 @@ from draftheads.config import check, doc
 from draftheads.errors import DraftheadsError
 from draftheads.heads import draft_vocab, medusa2
 from draftheads.heads.draft_tree import to_target
-from draftheads.heads.common import DepthMetrics, batch_features, bind_frozen, masked_ce, mean_loss, target_dims
+from draftheads.heads.common import (DepthMetrics, TargetDistribution, batch_features, bind_frozen, masked_ce, mean_loss,
+                                     target_dims)
 from draftheads.inference.drafter import Proposal
 from draftheads.inference.sampling import pick_children, warp_probs
 from draftheads.inference.tree import DynamicTreeSpec, Tree, parse_tree
@@ -36,6 +37,8 @@ class MedusaConfig:
     num_layers: int = doc(1, "residual blocks per head (each with its own weights)")
     lm_head: Literal["shared", "own"] = doc("shared", "'shared': the target's frozen lm_head; 'own': a trainable copy per head")
     loss_decay: float = doc(0.8, "lambda: head k's loss is weighted lambda^(k-1)")
+    soft_labels: bool = doc(False, "train against the target's whole distribution of each token (from its cached "
+                                   "features) instead of the generated token alone")
     draft_vocab_size: int | None = doc(None, "lm_head 'shared': draft only among this many most frequent target-generated "
                                              "tokens, through the target lm_head's rows for them (default: the full vocabulary)")
     medusa2: bool = doc(False, "Medusa-2: train LoRA on the target jointly with the heads")
@@ -186,9 +189,10 @@ class MedusaDrafter(draft_vocab.DraftVocabulary, nn.Module):
         """hidden [b, s, H] -> (weighted loss, per-head metrics). Head k predicts shift k + 2."""
         metrics = DepthMetrics(self.config.num_heads, hidden.device)
         loss = hidden.new_zeros((), dtype=torch.float32)
+        soft = TargetDistribution(hidden, batch, self.target_logits) if self.config.soft_labels else None
         for k in range(self.config.num_heads):
             loss_sum, correct, total = masked_ce(hidden, batch, k + 2, lambda rows, k=k: self.head_logits(k, rows),
-                                                 self.draft_map)
+                                                 self.draft_map, soft)
             metrics.add(k, loss_sum, correct, total)
             loss = loss + self.config.loss_decay**k * mean_loss(loss_sum, total)
         return loss, metrics.as_dict()

@@ -19,7 +19,8 @@ from torch import nn
 from draftheads.config import check, doc
 from draftheads.errors import DraftheadsError
 from draftheads.heads import draft_vocab
-from draftheads.heads.common import DepthMetrics, batch_features, bind_frozen, masked_ce, mean_loss, target_dims, text_config
+from draftheads.heads.common import (DepthMetrics, TargetDistribution, batch_features, bind_frozen, masked_ce, mean_loss,
+                                     target_dims, text_config)
 from draftheads.heads.draft_tree import Sampling, draft_dynamic, draft_static, lineage, node_depth
 from draftheads.heads.layers import KVCache, build_decoder_layer, causal_visible, make_norm, run_layer, target_parts, tree_visible
 from draftheads.inference.drafter import Proposal
@@ -35,6 +36,8 @@ class MTPConfig:
     type: Literal["mtp"] = doc("mtp", "head type")
     depth: int = doc(3, "D: number of sequential modules; module k predicts token t+k+1")
     loss_weights: list[float] | None = doc(None, "per-depth loss weights (default 1.0 each)")
+    soft_labels: bool = doc(False, "train against the target's whole distribution of each token (from its cached "
+                                   "features) instead of the generated token alone")
     draft_vocab_size: int | None = doc(None, "draft only among this many most frequent target-generated tokens, through the "
                                              "target lm_head's rows for them (default: the full vocabulary); several times "
                                              "cheaper draft steps")
@@ -141,8 +144,9 @@ class MTPDrafter(draft_vocab.DraftVocabulary, nn.Module):
         weights = self.config.loss_weights or [1.0] * self.config.depth
         metrics = DepthMetrics(self.config.depth, h0.device)
         loss = h0.new_zeros(())
+        soft = TargetDistribution(h0, batch, self.target_logits) if self.config.soft_labels else None
         for k, hidden in enumerate(self.forward_modules(h0, batch["input_ids"], batch.get("position_ids")), start=1):
-            loss_sum, correct, total = masked_ce(hidden, batch, k + 1, self._logits, self.draft_map)
+            loss_sum, correct, total = masked_ce(hidden, batch, k + 1, self._logits, self.draft_map, soft)
             metrics.add(k - 1, loss_sum, correct, total)
             loss = loss + weights[k - 1] * mean_loss(loss_sum, total)
         return loss, metrics.as_dict()

@@ -204,3 +204,37 @@ def test_draft_vocabulary_drafts_and_trains_on_the_chosen_tokens_only(llama_targ
     assert all(c <= n for c, n in zip(metrics["correct"].tolist(), labels_inside))
     with pytest.raises(DraftheadsError, match="needs head.lm_head: shared"):
         draftheads.build_drafter("medusa", llama_target, lm_head="own", draft_vocab_size=40)
+
+
+@pytest.mark.parametrize("layout", ["full", "draft_vocab", "packed"])
+def test_soft_labels_are_the_targets_own_distribution_of_each_predicted_token(llama_target, layout):
+    """Head k at t against softmax of the target's logits for x_{t+k+2} (taken from the target's own
+    forward, not the features), over the draft vocabulary's columns when there is one."""
+    narrow = layout == "draft_vocab"
+    drafter = draftheads.build_drafter("medusa", llama_target, num_heads=3, soft_labels=True,
+                                       draft_vocab_size=40 if narrow else None)
+    perturb(drafter, scale=0.3)
+    if narrow:
+        drafter.set_draft_vocab(torch.arange(llama_target.config.vocab_size).flip(0) % 31)
+    batch = make_batch(llama_target, drafter.feature_layers, b=2, s=14, pad=0 if layout == "packed" else 3)
+    if layout == "packed":
+        batch["position_ids"] = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 6, 7]] * 2)
+    loss, metrics = drafter.training_loss(batch)
+    columns = drafter.draft_ids if narrow else slice(None)
+    with torch.no_grad():
+        target_logits = llama_target(batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    ids, att, lm, feats = batch["input_ids"], batch["attention_mask"], batch["loss_mask"], batch["features"]
+    positions = batch.get("position_ids", torch.arange(14).expand(2, 14))
+    want, totals = 0.0, []
+    for k in range(3):
+        shift, losses = k + 2, []
+        for b in range(2):
+            for t in range(14 - shift):
+                if att[b, t + shift] and lm[b, t + shift] and positions[b, t + shift] - positions[b, t] == shift:
+                    p = target_logits[b, t + shift - 1, columns].float().softmax(-1)
+                    losses.append(-(p * drafter.head_logits(k, feats[b, t]).float().log_softmax(-1)).sum())
+        want += 0.8**k * torch.stack(losses).mean()
+        totals.append(len(losses))
+    torch.testing.assert_close(loss.detach(), want.detach(), rtol=1e-4, atol=1e-4)
+    assert metrics["total"].tolist() == totals
+

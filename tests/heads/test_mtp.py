@@ -166,3 +166,28 @@ def test_draft_vocabulary(llama_target):
         full.set_draft_vocab(counts)
     with pytest.raises(DraftheadsError, match="draft_vocab_size must be between"):
         make_drafter(llama_target, draft_vocab_size=llama_target.config.vocab_size + 1)
+
+
+@pytest.mark.parametrize("vocab", [None, 60], ids=["full-vocab", "draft-vocab"])
+def test_soft_labels_are_the_targets_distribution_of_each_predicted_token(llama_target, vocab):
+    """Module k at t against softmax of the target's own logits for x_{t+k+1}, over the draft vocabulary's
+    columns when there is one; hits still count against the generated token."""
+    drafter = make_drafter(llama_target, depth=2, loss_weights=[1.0, 0.5], soft_labels=True, draft_vocab_size=vocab)
+    batch = make_batch(llama_target, s=12)
+    batch["loss_mask"] = batch["loss_mask"].clone()
+    batch["loss_mask"][:, :5] = 0
+    if vocab:
+        drafter.set_draft_vocab(torch.bincount(batch["input_ids"].flatten(), minlength=llama_target.config.vocab_size))
+    loss, metrics = drafter.training_loss(batch)
+    columns = drafter.draft_ids if vocab else slice(None)
+    with torch.no_grad():
+        target_logits = llama_target(batch["input_ids"]).logits[..., columns].float()
+        outs = drafter.forward_modules(batch["features"], batch["input_ids"])
+    want = 0.0
+    for k, (out, weight) in enumerate(zip(outs, [1.0, 0.5]), start=1):
+        t = torch.arange(4 - k, 11 - k)  # x_{t+k+1} exists and was generated: 5 <= t + k + 1 <= 11
+        p = target_logits[:, t + k].softmax(-1)  # the target predicts x_{t+k+1} at t + k
+        log_q = drafter._logits(out[:, t]).log_softmax(-1)
+        want += weight * -(p * log_q).sum(-1).mean()
+        assert metrics["total"][k - 1] == 2 * len(t)
+    torch.testing.assert_close(loss.detach(), want, rtol=1e-4, atol=1e-4)
