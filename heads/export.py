@@ -174,6 +174,8 @@ def refusal(source: Source, fmt: str) -> str | None:
             return "Medusa-2 heads read the LoRA-adapted target, which engines do not build; merge the adapter into the target first"
         if fmt == "tgi" and source.head.get("lm_head") == "shared" and source.head.get("num_layers", 1) > 1:
             return "TGI shares the target's lm_head only with one block per head (MedusaHeadV2)"
+        if fmt == "tgi" and source.head.get("lm_head") == "own" and source.head.get("draft_vocab_size"):
+            return "TGI's own Medusa lm heads cover the whole vocabulary, these only the draft vocabulary (head.draft_vocab_size)"
         return None
     if layout.families and family not in layout.families:
         return f"{layout.engine} has no {kind} layer for a {family or 'unknown'} target (it supports {', '.join(layout.families)})"
@@ -233,8 +235,12 @@ def medusa_vllm(s: Source):
     if shared:  # vLLM does not share the target's lm_head: one copy, used by every head
         tensors["lm_heads.0.weight"] = s.target_lm_head().to(s.dtype)
     target = s.config["target"]
+    truncated = target["vocab_size"]
+    if not shared and h.get("draft_vocab_size"):  # own heads of the draft vocabulary's rows: vLLM's token_map
+        tensors["token_map"] = s.state["d2t"] + torch.arange(len(s.state["d2t"]))
+        truncated = h["draft_vocab_size"]
     config = {"architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": target["hidden_size"],
-              "vocab_size": target["vocab_size"], "truncated_vocab_size": target["vocab_size"], "num_heads": h["num_heads"],
+              "vocab_size": target["vocab_size"], "truncated_vocab_size": truncated, "num_heads": h["num_heads"],
               "num_hidden_layers": h["num_layers"], "medusa_fc_bias": True, "original_lm_head": shared,
               "torch_dtype": str(s.dtype).removeprefix("torch.")}
     return tensors, config, "model.safetensors"

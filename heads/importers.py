@@ -22,7 +22,7 @@ from draftheads.heads.common import place_like, target_dims
 
 EAGLE3_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 EAGLE_ARCHS = ("EagleLlamaForCausalLM", "LlamaForCausalLMEagle", "Qwen2ForCausalLMEagle")
-STRUCTURE = {"medusa": ("type", "num_heads", "num_layers", "lm_head"), "eagle": ("type", "eagle3", "feature_layers", "draft_vocab_size")}
+STRUCTURE = {"medusa": ("type", "num_heads", "num_layers", "lm_head", "draft_vocab_size"), "eagle": ("type", "eagle3", "feature_layers", "draft_vocab_size")}
 
 
 def import_drafter(folder: Path, config: dict, target):
@@ -95,15 +95,37 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
 def medusa_vllm(config: dict, tensors: dict, target) -> tuple[dict, dict]:
     num_heads, num_layers = int(config["num_heads"]), int(config.get("num_hidden_layers", 1))
     state = maps.medusa_from_vllm(tensors, num_heads, num_layers)
+    head = {"type": "medusa", "num_heads": num_heads, "num_layers": num_layers, "lm_head": "own"}
+    vocab = target_dims(target.config).vocab_size
+    draft_ids = medusa_token_map(config, tensors, vocab)
+    if draft_ids is not None:  # vLLM drafts among token_map's tokens: a draft vocabulary
+        head["draft_vocab_size"] = len(draft_ids)
+        state["d2t"] = draft_ids - torch.arange(len(draft_ids))
+        state["t2d"] = torch.zeros(vocab, dtype=torch.bool).index_fill(0, draft_ids, True)
     if config.get("original_lm_head"):
         shared = state.pop("lm_heads.0.weight")
         if torch.equal(shared.to(torch.float32), target.get_output_embeddings().weight.detach().cpu().to(torch.float32)):
-            return {"type": "medusa", "num_heads": num_heads, "num_layers": num_layers, "lm_head": "shared"}, state
+            return {**head, "lm_head": "shared"}, state
         state.update({f"lm_heads.{h}.weight": shared for h in range(num_heads)})  # a trained shared head: keep it, per head
     if not any(k.startswith("lm_heads.") for k in state):
         raise DraftheadsError("this vLLM Medusa folder has no lm_heads.* tensors; it cannot be loaded")
+    if draft_ids is not None:  # vLLM also takes full-vocabulary heads and keeps token_map's rows
+        state.update({k: w[draft_ids] for k, w in state.items() if k.startswith("lm_heads.") and w.shape[0] == vocab})
     state["lm_heads_initialised"] = torch.tensor(True)
-    return {"type": "medusa", "num_heads": num_heads, "num_layers": num_layers, "lm_head": "own"}, state
+    return head, state
+
+
+def medusa_token_map(config: dict, tensors: dict, vocab: int) -> torch.Tensor | None:
+    """The target ids of a vLLM Medusa draft vocabulary (token_map, used when truncated_vocab_size < vocab_size)."""
+    truncated = int(config.get("truncated_vocab_size") or vocab)
+    if truncated >= vocab:
+        return None
+    if "token_map" not in tensors:
+        raise DraftheadsError(f"this vLLM Medusa folder sets truncated_vocab_size {truncated} < {vocab} but has no token_map tensor")
+    ids = tensors["token_map"].long().flatten()
+    if len(ids) != truncated or len(ids.unique()) != truncated or ids.min() < 0 or ids.max() >= vocab:
+        raise DraftheadsError(f"this vLLM Medusa folder's token_map must hold {truncated} distinct token ids below {vocab}")
+    return ids
 
 
 def medusa_tgi(config: dict, tensors: dict) -> tuple[dict, dict]:

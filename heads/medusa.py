@@ -39,8 +39,9 @@ class MedusaConfig:
     loss_decay: float = doc(0.8, "lambda: head k's loss is weighted lambda^(k-1)")
     soft_labels: bool = doc(False, "train against the target's whole distribution of each token (from its cached "
                                    "features) instead of the generated token alone")
-    draft_vocab_size: int | None = doc(None, "lm_head 'shared': draft only among this many most frequent target-generated "
-                                             "tokens, through the target lm_head's rows for them (default: the full vocabulary)")
+    draft_vocab_size: int | None = doc(None, "draft only among this many most frequent target-generated tokens: through the "
+                                             "target lm_head's rows for them ('shared'), or with own lm heads of only those "
+                                             "rows, started from the target's ('own') (default: the full vocabulary)")
     medusa2: bool = doc(False, "Medusa-2: train LoRA on the target jointly with the heads")
     medusa2_loss: Literal["lm", "kl"] = doc("lm", "Medusa-2 target loss: next-token CE, or KL to the adapter-disabled target")
     medusa2_head_weight: float = doc(0.2, "Medusa-2: weight of the heads' loss next to the target loss")
@@ -55,8 +56,6 @@ class MedusaConfig:
         check(1 <= self.num_heads <= MAX_HEADS, f"head.num_heads must be between 1 and {MAX_HEADS}, got {self.num_heads}")
         check(1 <= self.num_layers <= 8, f"head.num_layers must be between 1 and 8, got {self.num_layers}")
         check(0 < self.loss_decay <= 1, f"head.loss_decay must be in (0, 1], got {self.loss_decay}")
-        check(self.draft_vocab_size is None or self.lm_head == "shared",
-              "head.draft_vocab_size needs head.lm_head: shared (an own lm head already costs a full vocabulary per head)")
         check(self.medusa2_head_weight > 0, "head.medusa2_head_weight must be positive")
         check(self.head_lr is None or self.head_lr > 0, f"head.head_lr must be positive, got {self.head_lr}")
         check(self.lora_r > 0, f"head.lora_r must be positive, got {self.lora_r}")
@@ -114,7 +113,8 @@ class MedusaDrafter(draft_vocab.DraftVocabulary, nn.Module):
             [nn.Sequential(*[ResidualBlock(hidden_size) for _ in range(config.num_layers)]) for _ in range(config.num_heads)]
         )
         if config.lm_head == "own":
-            self.lm_heads = nn.ModuleList([nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(config.num_heads)])
+            rows = config.draft_vocab_size or vocab_size
+            self.lm_heads = nn.ModuleList([nn.Linear(hidden_size, rows, bias=False) for _ in range(config.num_heads)])
             # False until bind() copies the target's lm_head in; a loaded drafter carries True.
             self.register_buffer("lm_heads_initialised", torch.tensor(False))
         if config.draft_vocab_size is not None:
@@ -134,14 +134,29 @@ class MedusaDrafter(draft_vocab.DraftVocabulary, nn.Module):
         if self.config.medusa2:
             self.target = medusa2.attach_lora(target, self.config)
             target = self.target.get_base_model()
-        lm_head = target.get_output_embeddings()
-        bind_frozen(self, _lm_head=lm_head)
+        bind_frozen(self, _lm_head=target.get_output_embeddings())
         if self.config.lm_head == "own" and not bool(self.lm_heads_initialised):
-            with torch.no_grad():
-                for head in self.lm_heads:
-                    head.weight.copy_(lm_head.weight)
-                self.lm_heads_initialised.fill_(True)
+            self._copy_target_rows()
         return self
+
+    @torch.no_grad()
+    def _copy_target_rows(self) -> None:
+        """Start every own lm head as the target's lm_head (its rows for the draft vocabulary, if any)."""
+        weight = self._lm_head.weight
+        rows = weight[self.draft_ids.to(weight.device)] if self.has_draft_vocab else weight
+        for head in self.lm_heads:
+            head.weight.copy_(rows)
+        self.lm_heads_initialised.fill_(True)
+
+    def set_draft_vocab(self, token_counts: torch.Tensor) -> torch.Tensor:
+        """Choose the draft vocabulary (see DraftVocabulary); own lm heads restart as the target's rows for it."""
+        chosen = super().set_draft_vocab(token_counts)
+        if self.config.lm_head == "own":
+            if self._lm_head is not None:
+                self._copy_target_rows()
+            else:
+                self.lm_heads_initialised.fill_(False)  # bind() copies them
+        return chosen
 
     @property
     def dtype(self) -> torch.dtype:
@@ -170,8 +185,9 @@ class MedusaDrafter(draft_vocab.DraftVocabulary, nn.Module):
         the (large) vocabulary matrix once instead of once per head.
         """
         if self.config.lm_head == "own":
-            return torch.stack([self.head_logits(k, feature) for k in range(depth)], dim=1)
-        logits = self._shared_head(torch.stack([self.heads[k](feature) for k in range(depth)], dim=1))
+            logits = torch.stack([self.head_logits(k, feature) for k in range(depth)], dim=1)
+        else:
+            logits = self._shared_head(torch.stack([self.heads[k](feature) for k in range(depth)], dim=1))
         return self.widen_logits(logits.float()) if widen and self.has_draft_vocab else logits
 
     # ---- training ----------------------------------------------------------------------------

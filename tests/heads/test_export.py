@@ -31,6 +31,7 @@ VD = 100  # EAGLE-3 draft vocabulary used here
 HEADS = {
     "medusa-shared": ("medusa", {"num_heads": 3, "num_layers": 1}),
     "medusa-own": ("medusa", {"num_heads": 2, "num_layers": 2, "lm_head": "own"}),
+    "medusa-own-vocab": ("medusa", {"num_heads": 2, "num_layers": 1, "lm_head": "own", "draft_vocab_size": VD}),
     "eagle": ("eagle", {}),
     "eagle3": ("eagle", {"eagle3": True, "draft_vocab_size": VD}),
 }
@@ -38,6 +39,7 @@ HEADS = {
 ALLOWED = {
     "medusa-shared": {f: ("vllm", "tgi") for f in FAMILIES},
     "medusa-own": {f: ("vllm", "tgi") for f in FAMILIES},
+    "medusa-own-vocab": {f: ("vllm",) for f in FAMILIES},  # vLLM's token_map; TGI's own heads are full-vocabulary
     "eagle": {"llama": ("vllm", "sglang"), "mistral": ("vllm", "sglang"), "qwen2": ("vllm", "sglang"), "qwen3": ()},
     "eagle3": {"llama": ("vllm", "sglang", "speculators"), "mistral": ("vllm", "sglang", "speculators"), "qwen2": (),
                "qwen3": ("speculators",)},
@@ -69,6 +71,8 @@ def natives(targets, tmp_path_factory):
             kind, cfg = HEADS[head]
             torch.manual_seed(3)
             drafter = build_drafter(kind, target, **cfg)
+            if head == "medusa-own-vocab":  # before the noise: choosing restarts the own heads as the target's rows
+                drafter.set_draft_vocab(torch.randint(0, 1000, (V,)))
             with torch.no_grad():  # zero-initialised blocks would hide swapped or dropped tensors
                 for p in drafter.parameters():
                     p.add_(torch.randn_like(p) * 0.05)
@@ -163,6 +167,10 @@ EXPECTED = {
         **{f"blocks.{h}.layers.{l}.{p}": (H, H) if p == "weight" else (H,) for h in range(2) for l in range(2) for p in ("weight", "bias")},
         **{f"lm_heads.{h}.weight": (V, H) for h in range(2)}},
         {"num_heads": 2, "num_hidden_layers": 2, "medusa_fc_bias": True, "original_lm_head": False}),
+    ("vllm", "medusa-own-vocab", "llama"): ("model.safetensors", {
+        **{f"blocks.{h}.layers.0.{p}": (H, H) if p == "weight" else (H,) for h in range(2) for p in ("weight", "bias")},
+        **{f"lm_heads.{h}.weight": (VD, H) for h in range(2)}, "token_map": (VD,)},
+        {"num_heads": 2, "original_lm_head": False, "vocab_size": V, "truncated_vocab_size": VD}),
     ("tgi", "medusa-shared", "llama"): ("medusa_lm_head.safetensors", {
         **{f"{h}.0.linear.{p}": (H, H) if p == "weight" else (H,) for h in range(3) for p in ("weight", "bias")}},
         {"medusa_num_heads": 3, "medusa_num_layers": 1}),
@@ -191,7 +199,7 @@ EXPECTED = {
     ("speculators", "eagle3", "qwen3"): ("model.safetensors", eagle3_keys("layers.0.", qk_norm=True),
         {"speculators_model_type": "eagle3", "draft_vocab_size": VD}),
 }
-DTYPES = {"d2t": torch.int64, "t2d": torch.bool}
+DTYPES = {"d2t": torch.int64, "t2d": torch.bool, "token_map": torch.int64}
 
 
 @pytest.mark.parametrize("fmt,head,family", list(EXPECTED), ids=["-".join(k) for k in EXPECTED])
@@ -255,7 +263,7 @@ def test_eagle_draft_vocabulary_is_left_out_of_engine_exports(fmt, targets, nati
 def test_vllm_medusa_forward_from_exported_tensors(targets, natives, tmp_path):
     """vLLM: per head x = x + SiLU(W x + b) per block, then lm_heads[h] (shared: lm_heads.0)."""
     target = targets["llama"]
-    for head in ("medusa-shared", "medusa-own"):
+    for head in ("medusa-shared", "medusa-own", "medusa-own-vocab"):
         drafter, native = natives("llama", head)
         t = load_file(str(export_drafter(native, "vllm", tmp_path / head) / "model.safetensors"))
         hidden = torch.randn(5, H)
@@ -264,7 +272,10 @@ def test_vllm_medusa_forward_from_exported_tensors(targets, natives, tmp_path):
             for l in range(drafter.config.num_layers):
                 x = x + F.silu(F.linear(x, t[f"blocks.{h}.layers.{l}.weight"], t[f"blocks.{h}.layers.{l}.bias"]))
             lm = t.get(f"lm_heads.{h}.weight", t["lm_heads.0.weight"])  # original_lm_head: one head for all
-            torch.testing.assert_close(F.linear(x, lm), drafter.head_logits(h, hidden))
+            logits = F.linear(x, lm)
+            if "token_map" in t:  # truncated vocabulary: -inf everywhere but token_map's tokens
+                logits = torch.full((5, V), float("-inf")).index_copy(-1, t["token_map"], logits)
+            torch.testing.assert_close(logits, drafter.widen_logits(drafter.head_logits(h, hidden).float()))
         if head == "medusa-shared":
             assert torch.equal(t["lm_heads.0.weight"], target.get_output_embeddings().weight)
 
@@ -496,3 +507,26 @@ def test_speculators_package_loads_our_export(family, natives, tmp_path):
             assert torch.isfinite(tensor).all(), name
     for key, value in ours.items():
         assert torch.equal(params[key].to(value.dtype), value), key
+
+
+def test_vllm_medusa_token_map_over_full_vocabulary_heads_loads_as_a_draft_vocabulary(targets, natives, tmp_path):
+    """vLLM keeps token_map's rows of full-vocabulary lm heads; a folder written that way loads as ours."""
+    from safetensors.torch import save_file
+
+    target = targets["llama"]
+    drafter, native = natives("llama", "medusa-own-vocab")
+    folder = export_drafter(native, "vllm", tmp_path / "vllm")
+    t = load_file(str(folder / "model.safetensors"))
+    for h in range(2):
+        t[f"lm_heads.{h}.weight"] = torch.randn(V, H).index_copy(0, t["token_map"], t[f"lm_heads.{h}.weight"])
+    save_file(t, str(folder / "model.safetensors"))
+    (folder / "draftheads_export.json").unlink()
+    loaded = load_drafter(folder, target)
+    assert loaded.config.draft_vocab_size == VD and loaded.config.lm_head == "own"
+    for key, value in drafter.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    config = json.loads((folder / "config.json").read_text())
+    save_file({k: v for k, v in t.items() if k != "token_map"}, str(folder / "model.safetensors"))
+    with pytest.raises(DraftheadsError, match="truncated_vocab_size 100 < 384 but has no token_map"):
+        load_drafter(folder, target)
+    assert config["truncated_vocab_size"] == VD

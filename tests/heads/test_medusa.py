@@ -202,8 +202,33 @@ def test_draft_vocabulary_drafts_and_trains_on_the_chosen_tokens_only(llama_targ
     assert metrics["total"].tolist() == full_metrics["total"].tolist()
     labels_inside = [int(narrow.t2d[batch["input_ids"][:, k + 2 :]].sum()) for k in range(3)]
     assert all(c <= n for c, n in zip(metrics["correct"].tolist(), labels_inside))
-    with pytest.raises(DraftheadsError, match="needs head.lm_head: shared"):
-        draftheads.build_drafter("medusa", llama_target, lm_head="own", draft_vocab_size=40)
+
+
+def test_own_lm_heads_over_a_draft_vocabulary_start_as_the_targets_rows_for_it(llama_target):
+    """Own lm heads of draft_vocab_size rows: after the vocabulary is chosen (bound or not yet) each is the
+    target lm_head's rows for it, so an untrained own drafter drafts exactly like a shared one."""
+    vocab = llama_target.config.vocab_size
+    counts = torch.arange(vocab).flip(0) % 31
+    shared = draftheads.build_drafter("medusa", llama_target, num_heads=2, draft_vocab_size=40)
+    shared.set_draft_vocab(counts)
+    own = draftheads.build_drafter("medusa", llama_target, num_heads=2, lm_head="own", draft_vocab_size=40)
+    assert own.lm_heads[0].weight.shape == (40, llama_target.config.hidden_size)
+    own.set_draft_vocab(counts)  # bound: the rows are copied at once
+    unbound = draftheads.heads.medusa.MedusaDrafter.from_target(llama_target.config, own.config)
+    unbound.set_draft_vocab(counts)
+    unbound.bind(llama_target)  # not bound when chosen: bind copies them
+    rows = llama_target.get_output_embeddings().weight[shared.draft_ids]
+    for drafter in (own, unbound):
+        assert all(torch.equal(head.weight, rows) for head in drafter.lm_heads)
+    feature, _ = _observed(own, llama_target)
+    torch.testing.assert_close(own.draft_logits(feature, 2), shared.draft_logits(feature, 2))
+    with torch.no_grad():
+        own.lm_heads[1].weight.mul_(2.0)  # trained weights survive a later bind
+    own.bind(llama_target)
+    assert torch.equal(own.lm_heads[1].weight, 2.0 * rows)
+    batch = make_batch(llama_target, own.feature_layers, b=2, s=14, pad=2)
+    _, metrics = own.training_loss(batch)
+    assert all(c <= n for c, n in zip(metrics["correct"].tolist(), metrics["total"].tolist()))
 
 
 @pytest.mark.parametrize("layout", ["full", "draft_vocab", "packed"])
