@@ -35,7 +35,8 @@ class MedusaConfig:
     type: Literal["medusa"] = doc("medusa", "head type")
     num_heads: int = doc(4, "K: head k predicts token t+k+1")
     num_layers: int = doc(1, "residual blocks per head (each with its own weights)")
-    lm_head: Literal["shared", "own"] = doc("shared", "'shared': the target's frozen lm_head; 'own': a trainable copy per head")
+    lm_head: Literal["shared", "own"] = doc("shared", "'shared': the target's frozen lm_head; 'own': a trainable copy per "
+                                                      "head (only the draft vocabulary's rows when there is one)")
     loss_decay: float = doc(0.8, "lambda: head k's loss is weighted lambda^(k-1)")
     soft_labels: bool = doc(False, "train against the target's whole distribution of each token (from its cached "
                                    "features) instead of the generated token alone")
@@ -99,7 +100,8 @@ class MedusaDrafter(draft_vocab.DraftVocabulary, nn.Module):
     """K Medusa heads over the target's last hidden state; head k (1-based) predicts x_{t+k+1}.
 
     Parameters: heads.{k}.{i}.linear (K x num_layers distinct blocks) and, with lm_head 'own',
-    lm_heads.{k} (copied from the target's lm_head at bind). With lm_head 'shared' the target's
+    lm_heads.{k} (copied from the target's lm_head at bind, or its rows for the draft vocabulary when that
+    is chosen). With lm_head 'shared' the target's
     frozen lm_head is bound, not registered. With medusa2 the target itself (LoRA-adapted) is
     registered as `target` so its adapter trains and syncs with the heads; see heads/medusa2.py.
     """
