@@ -101,7 +101,8 @@ LAYOUTS: tuple[Layout, ...] = (
         format="vllm", kind="medusa", engine="vLLM (MedusaModel)", weights_file="model.safetensors",
         architectures=("MedusaModel",),
         config={
-            "model_type": "medusa", "hidden_size": "H", "vocab_size": "V", "truncated_vocab_size": "V",
+            "model_type": "medusa", "hidden_size": "H", "vocab_size": "V",
+            "truncated_vocab_size": "V, or Vd < V: draft among token_map's tokens only",
             "num_heads": "K", "num_hidden_layers": "blocks per head",
             "medusa_fc_bias": "true (else the blocks are built without biases and the biases are dropped)",
             "original_lm_head": "true: one lm head shared by all heads, read from lm_heads.0.weight",
@@ -109,7 +110,8 @@ LAYOUTS: tuple[Layout, ...] = (
         tensors=(
             Tensor("blocks.{h}.layers.{l}.weight", ("H", "H")),
             Tensor("blocks.{h}.layers.{l}.bias", ("H",)),
-            Tensor("lm_heads.{h}.weight", ("V", "H")),  # shared head: only lm_heads.0.weight
+            Tensor("lm_heads.{h}.weight", ("V", "H")),  # shared head: only lm_heads.0.weight; Vd rows with token_map
+            Tensor("token_map", ("Vd",), "int64", when="truncated_vocab_size < V"),  # target id of each lm head row
         ),
         sources=(
             Source(VLLM, "vllm/model_executor/models/medusa.py", "09cddad8f0324594022359cd2b07e962a14b895f"),
@@ -122,6 +124,7 @@ LAYOUTS: tuple[Layout, ...] = (
             "num_hidden_layers, so no other such key (num_attention_heads, num_key_value_heads) may appear",
             "the target's lm_head is not shared: the lm head weights must be in the folder",
             "weights not named blocks.* / lm_heads.* (or medusa_heads.-prefixed) are ignored",
+            "token_map is read only when truncated_vocab_size < vocab_size; lm heads with more rows are cut to token_map's",
         ),
     ),
     Layout(
