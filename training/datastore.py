@@ -117,8 +117,12 @@ def start_growing(out: Path, old: dict, recipe) -> None:
             datasets.load_from_disk(str(out)).save_to_disk(str(tmp))
         (tmp / "stats.json").write_text(json.dumps(summary_as_stats(summary, old.get("prompt_skips", {}))))
         os.replace(tmp, base)
-    # Feature caches are keyed by the rows, so no later run can use the ones built for the old rows.
-    shutil.rmtree(out / "features", ignore_errors=True)
+    # The next feature cache takes the kept rows' shards from a complete old one (training/features.py).
+    # An unfinished cache, or one written before shard digests were recorded, cannot serve, so it goes now.
+    for cache in sorted((out / "features").glob("*")):
+        manifest = cache / "manifest.json"
+        if not manifest.is_file() or "shard_digests" not in json.loads(manifest.read_text()):
+            shutil.rmtree(cache, ignore_errors=True)
     grown = {"prompts": summary.get("prompts", 0), "prompt_skips": old.get("prompt_skips", {})}
     write_meta(out, {**old, "recipe_hash": recipe_hash(recipe), "complete": False, "data": to_dict(recipe.data),
                      "grown_from": grown, "grown": old.get("grown", []) + [

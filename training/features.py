@@ -8,6 +8,13 @@ Cache layout (one folder per target/data/layers/dtype combination):
                        bf16 is stored as its uint16 bit pattern since numpy has no bf16)
   manifest.json        written last: the cache is complete only when it exists
 Shards are written to `*.tmp` and renamed, so an interrupted build resumes at the first missing shard.
+
+The manifest also records the settings the values depend on besides the rows (`settings_key`) and a
+digest of the token ids of each shard's rows. A new cache in the same folder of caches (a data
+folder's features/) takes every shard whose rows an earlier cache with the same settings already
+holds, and then removes those earlier caches: they were built for rows the data folder no longer
+has. So after `draftheads data` grows a folder (its old rows first), only the new rows' shards are
+computed.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -46,6 +54,31 @@ def target_features(target, input_ids: torch.Tensor, attention_mask: torch.Tenso
 def feature_dim(target, layers) -> int:
     config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
     return config.hidden_size * len(layers)
+
+
+def settings_key(target, layers, max_length: int, feature_dtype: str) -> str:
+    """A short hash of what the cached values depend on besides the rows."""
+    weights = target.get_input_embeddings().weight
+    probe = [float(weights.double().sum()), float(next(target.parameters()).double().abs().sum())]
+    info = {
+        "target": getattr(target, "name_or_path", ""), "config": target.config.to_json_string(use_diff=False),
+        "dtype": str(next(target.parameters()).dtype), "probe": probe, "layers": list(layers),
+        "max_length": max_length, "feature_dtype": feature_dtype,
+    }
+    return hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def shard_digests(rowset, count: int) -> list[str]:
+    """Per shard, a digest of its rows' token ids as cached (truncated to the row set's max_length)."""
+    digests = []
+    for start in range(0, count, SHARD_ROWS):
+        h = hashlib.sha256()
+        for i in range(start, min(start + SHARD_ROWS, count)):
+            ids = rowset[i]["input_ids"].numpy().astype(np.int64)
+            h.update(np.int64(len(ids)).tobytes())
+            h.update(ids.tobytes())
+        digests.append(h.hexdigest()[:16])
+    return digests
 
 
 def cache_key(target, layers, max_length: int, feature_dtype: str, rows, lengths: np.ndarray) -> str:
@@ -94,16 +127,26 @@ def _shard_offsets(lengths: np.ndarray, s: int, shard_rows: int) -> np.ndarray:
 
 
 def build_feature_cache(accelerator, target, rowset, lengths: np.ndarray, layers, folder: Path,
-                        feature_dtype: str, batch_size: int) -> FeatureCache:
-    """Compute every row's features once (shards split over processes) unless the cache is already complete."""
+                        feature_dtype: str, batch_size: int, share_folder: bool = False) -> FeatureCache:
+    """Compute every row's features once (shards split over processes) unless the cache is already complete.
+
+    `share_folder`: folder's parent holds only caches of one data folder (its features/), so shards of
+    earlier caches with the same settings are taken over and those caches removed once this one is complete.
+    """
     folder = Path(folder)
     if (folder / "manifest.json").is_file():
         return FeatureCache(folder)
     torch_dtype, np_dtype, nbytes = STORAGE[feature_dtype]
     dim = feature_dim(target, layers)
     shards = -(-len(lengths) // SHARD_ROWS)
+    settings = settings_key(target, layers, rowset.max_length, feature_dtype)
+    digests = shard_digests(rowset, len(lengths))
     if accelerator.is_main_process:
         folder.mkdir(parents=True, exist_ok=True)
+        if share_folder:
+            taken = _take_shards(folder, settings, digests)
+            if taken:
+                print(f"draftheads: {taken} of {shards} feature shards taken from an earlier cache of the same rows", file=sys.stderr)
         total = int(lengths.sum()) * dim * nbytes
         _check_disk(folder, total)
         print(f"draftheads: caching target features for {int(lengths.sum()):,} tokens x {dim} ({feature_dtype}) "
@@ -118,12 +161,49 @@ def build_feature_cache(accelerator, target, rowset, lengths: np.ndarray, layers
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         manifest = {"feature_dtype": feature_dtype, "shard_rows": SHARD_ROWS, "shards": shards, "dim": dim,
-                    "layers": list(layers), "lengths": lengths.tolist()}
+                    "layers": list(layers), "lengths": lengths.tolist(), "settings": settings, "shard_digests": digests}
         tmp = folder / "manifest.json.tmp"
         tmp.write_text(json.dumps(manifest))
         os.replace(tmp, folder / "manifest.json")
+        if share_folder:
+            for old in _earlier_caches(folder, settings):
+                shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return FeatureCache(folder)
+
+
+def _earlier_caches(folder: Path, settings: str) -> list[Path]:
+    """Complete caches beside `folder` built with the same settings (hence for other rows)."""
+    found = []
+    for other in sorted(folder.parent.iterdir()):
+        manifest = other / "manifest.json"
+        if other != folder and manifest.is_file():
+            if json.loads(manifest.read_text()).get("settings") == settings:
+                found.append(other)
+    return found
+
+
+def _take_shards(folder: Path, settings: str, digests: list[str]) -> int:
+    """Hard-link (or copy) each missing shard whose rows an earlier cache holds; returns how many."""
+    held = {}
+    for other in _earlier_caches(folder, settings):
+        manifest = json.loads((other / "manifest.json").read_text())
+        if manifest["shard_rows"] == SHARD_ROWS:
+            held.update({d: other / shard_name(s) for s, d in enumerate(manifest.get("shard_digests", []))})
+    taken = 0
+    for s, digest in enumerate(digests):
+        dest, source = folder / shard_name(s), held.get(digest)
+        if dest.is_file() or source is None or not source.is_file():
+            continue
+        tmp = folder / (shard_name(s) + ".tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(source, tmp)
+        except OSError:  # another file system, or no hard links there
+            shutil.copyfile(source, tmp)
+        os.replace(tmp, dest)
+        taken += 1
+    return taken
 
 
 def _write_shard(target, rowset, lengths, layers, folder, s, torch_dtype, np_dtype, dim, batch_size, device) -> None:
@@ -151,8 +231,6 @@ def _write_shard(target, rowset, lengths, layers, folder, s, torch_dtype, np_dty
 
 
 def _check_disk(folder: Path, needed: int) -> None:
-    import shutil
-
     free = shutil.disk_usage(folder).free
     if free < needed:
         raise DraftheadsError(f"the feature cache needs {needed / 2**30:.1f} GiB but {folder} has {free / 2**30:.1f} GiB free; "

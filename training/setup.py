@@ -190,7 +190,7 @@ def make_rowset(recipe, accelerator, model, drafter, rows, lengths) -> B.RowSet:
     folder = Path(cfg.feature_cache) if cfg.feature_cache else (
         recipe.data_dir / "features" / cache_key(model, layers, cfg.max_length, cfg.feature_dtype, rows, lengths))
     cache = build_feature_cache(accelerator, model, B.RowSet(rows, cfg.max_length), lengths, layers, folder,
-                                cfg.feature_dtype, cfg.batch_size)
+                                cfg.feature_dtype, cfg.batch_size, share_folder=not cfg.feature_cache)
     if not np.array_equal(cache.lengths, lengths) or cache.dim != model.config.get_text_config().hidden_size * len(layers):
         raise DraftheadsError(f"feature cache {folder} was built for other data or feature layers; delete it or set train.feature_cache elsewhere")
     return B.RowSet(rows, cfg.max_length, cache)

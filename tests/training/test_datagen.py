@@ -294,7 +294,11 @@ def test_raising_num_prompts_grows_the_folder_and_keeps_its_rows(tmp_path, targe
     source = prompt_file(tmp_path)
     small = make_recipe(tmp_path / "out", source, num_prompts=5)
     before = load(datagen.run_data(small, target=target))
-    (small.data_dir / "features" / "abc").mkdir(parents=True)  # a cache for the old rows: useless once they grow
+    features = small.data_dir / "features"
+    for name, manifest in [("unfinished", None), ("undigested", {"shards": 1}), ("digested", {"shard_digests": ["x"]})]:
+        (features / name).mkdir(parents=True)
+        if manifest:
+            (features / name / "manifest.json").write_text(json.dumps(manifest))
     old_meta = datastore.read_meta(small.data_dir)
 
     big = make_recipe(tmp_path / "out", source, num_prompts=9)
@@ -308,7 +312,8 @@ def test_raising_num_prompts_grows_the_folder_and_keeps_its_rows(tmp_path, targe
     with pytest.raises(KeyboardInterrupt):
         datagen.run_data(big, target=target)
     monkeypatch.undo()
-    assert not (small.data_dir / "features").exists() and (small.data_dir / "shards" / "base").is_dir()
+    # only a complete cache with shard digests can lend the kept rows' shards to the next one
+    assert sorted(p.name for p in features.iterdir()) == ["digested"] and (small.data_dir / "shards" / "base").is_dir()
     after = load(datagen.run_data(big, target=target))
 
     prompts = [json.loads(line)["turns"] for line in (small.data_dir / "prompts.jsonl").read_text().splitlines()]

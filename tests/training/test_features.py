@@ -109,3 +109,34 @@ def test_offline_mode_refuses_medusa2(tmp_path, data_dir):
     recipe = tiny_recipe(data_dir, tmp_path / "run", {"type": "medusa", "medusa2": True}, mode="offline")
     with pytest.raises(DraftheadsError, match="train.mode=online"):
         run_training(recipe, target=object())  # refused before the target is touched
+
+
+def test_a_cache_for_grown_rows_takes_the_kept_rows_shards_and_retires_the_old_cache(tmp_path, data_dir, llama_target, monkeypatch):
+    """As after `draftheads data` grows a folder: the old rows first, new ones after. Shards whose rows an
+    earlier cache with the same settings holds are linked, not computed; other settings are left alone."""
+    monkeypatch.setattr(Fe, "SHARD_ROWS", 5)
+    rows = B.load_rows(data_dir)
+    lengths = B.row_lengths(rows, 64)
+    assert len(rows) >= 12
+    kept = rows.select(range(12))  # shards 0 and 1 whole, shard 2 holds 2 of the grown folder's 5
+    features = tmp_path / "features"
+
+    def cache(rows, name, dtype="fp32"):
+        return Fe.build_feature_cache(Accelerator(cpu=True), llama_target, B.RowSet(rows, 64), B.row_lengths(rows, 64), (-1,),
+                                      features / name, dtype, 4, share_folder=True)
+
+    cache(kept, "old")
+    cache(kept, "other-dtype", "bf16")
+    written = []
+    real = Fe._write_shard
+    monkeypatch.setattr(Fe, "_write_shard", lambda *a: (written.append(a[5]), real(*a)))
+    grown = cache(rows, "new")
+    shards = -(-len(rows) // 5)
+    assert written == list(range(2, shards))
+    assert sorted(p.name for p in features.iterdir()) == ["new", "other-dtype"]  # the old one is retired
+    fresh = Fe.build_feature_cache(Accelerator(cpu=True), llama_target, B.RowSet(rows, 64), lengths, (-1,),
+                                   tmp_path / "fresh", "fp32", 4)
+    for i in range(len(rows)):
+        torch.testing.assert_close(grown.row(i), fresh.row(i), rtol=1e-5, atol=1e-5)
+    assert json.loads((features / "new" / "manifest.json").read_text())["shard_digests"] == \
+        json.loads((tmp_path / "fresh" / "manifest.json").read_text())["shard_digests"]
