@@ -100,9 +100,8 @@ class MedusaDrafter(draft_vocab.DraftVocabulary, nn.Module):
     """K Medusa heads over the target's last hidden state; head k (1-based) predicts x_{t+k+1}.
 
     Parameters: heads.{k}.{i}.linear (K x num_layers distinct blocks) and, with lm_head 'own',
-    lm_heads.{k} (copied from the target's lm_head at bind, or its rows for the draft vocabulary when that
-    is chosen). With lm_head 'shared' the target's
-    frozen lm_head is bound, not registered. With medusa2 the target itself (LoRA-adapted) is
+    lm_heads.{k} (the target's lm_head copied in at bind, or its rows for the draft vocabulary once that
+    is chosen). With lm_head 'shared' the target's frozen lm_head is bound, not registered. With medusa2 the target itself (LoRA-adapted) is
     registered as `target` so its adapter trains and syncs with the heads; see heads/medusa2.py.
     """
 
