@@ -101,8 +101,9 @@ class MedusaDrafter(draft_vocab.DraftVocabulary, nn.Module):
 
     Parameters: heads.{k}.{i}.linear (K x num_layers distinct blocks) and, with lm_head 'own',
     lm_heads.{k} (the target's lm_head copied in at bind, or its rows for the draft vocabulary once that
-    is chosen). With lm_head 'shared' the target's frozen lm_head is bound, not registered. With medusa2 the target itself (LoRA-adapted) is
-    registered as `target` so its adapter trains and syncs with the heads; see heads/medusa2.py.
+    is chosen). With lm_head 'shared' the target's frozen lm_head is bound, not registered. With
+    medusa2 the target itself (LoRA-adapted) is registered as `target` so its adapter trains and
+    syncs with the heads; see heads/medusa2.py.
     """
 
     feature_layers = (-1,)
