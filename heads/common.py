@@ -139,16 +139,13 @@ def masked_ce(hidden: torch.Tensor, batch: dict, shift: int, project, d2t: torch
     logits = project(rows).float()
     if soft is not None:
         loss_sum = -(soft.at(mask, shift) * logits.log_softmax(-1)).sum()
-        guess = logits.argmax(-1) if d2t is None else draft_vocab.ids(d2t)[logits.argmax(-1)]
-        return loss_sum, (guess == labels).sum(), labels.numel()
-    if d2t is None:
+    elif d2t is None:
         loss_sum = F.cross_entropy(logits, labels, reduction="sum")
-        correct = (logits.argmax(-1) == labels).sum()
-        return loss_sum, correct, labels.numel()
-    inside = draft_vocab.draft_labels(labels, d2t)
-    loss_sum = F.cross_entropy(logits, inside, ignore_index=draft_vocab.IGNORE, reduction="sum")
-    correct = (draft_vocab.ids(d2t)[logits.argmax(-1)] == labels).sum()
-    return loss_sum, correct, labels.numel()
+    else:
+        inside = draft_vocab.draft_labels(labels, d2t)
+        loss_sum = F.cross_entropy(logits, inside, ignore_index=draft_vocab.IGNORE, reduction="sum")
+    guess = logits.argmax(-1) if d2t is None else draft_vocab.ids(d2t)[logits.argmax(-1)]
+    return loss_sum, (guess == labels).sum(), labels.numel()
 
 
 class DepthMetrics:

@@ -55,6 +55,11 @@ def choose(module: nn.Module, token_counts: torch.Tensor) -> torch.Tensor:
     return chosen
 
 
+def members(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """t2d for a d2t: [V] bool, True for the target ids the draft vocabulary holds."""
+    return torch.zeros(vocab_size, dtype=torch.bool, device=d2t.device).index_fill(0, ids(d2t), True)
+
+
 def scatter(values: torch.Tensor, draft_ids: torch.Tensor, vocab_size: int, fill: float) -> torch.Tensor:
     """[..., Vd] -> [..., V]: each column at its target id, `fill` everywhere else."""
     full = values.new_full((*values.shape[:-1], vocab_size), fill)

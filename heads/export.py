@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from draftheads.config import build
 from draftheads.errors import DraftheadsError
+from draftheads.heads import draft_vocab
 from draftheads.heads import engine_maps as maps
 from draftheads.heads.common import text_config
 from draftheads.heads.native import CONFIG, FORMAT, WEIGHTS, resolve_drafter_folder
@@ -237,7 +238,7 @@ def medusa_vllm(s: Source):
     target = s.config["target"]
     truncated = target["vocab_size"]
     if not shared and h.get("draft_vocab_size"):  # own heads of the draft vocabulary's rows: vLLM's token_map
-        tensors["token_map"] = s.state["d2t"] + torch.arange(len(s.state["d2t"]))
+        tensors["token_map"] = draft_vocab.ids(s.state["d2t"])
         truncated = h["draft_vocab_size"]
     config = {"architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": target["hidden_size"],
               "vocab_size": target["vocab_size"], "truncated_vocab_size": truncated, "num_heads": h["num_heads"],

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from draftheads.config import build
 from draftheads.errors import DraftheadsError
+from draftheads.heads import draft_vocab
 from draftheads.heads import engine_maps as maps
 from draftheads.heads.common import place_like, target_dims
 
@@ -101,7 +102,7 @@ def medusa_vllm(config: dict, tensors: dict, target) -> tuple[dict, dict]:
     if draft_ids is not None:  # vLLM drafts among token_map's tokens: a draft vocabulary
         head["draft_vocab_size"] = len(draft_ids)
         state["d2t"] = draft_ids - torch.arange(len(draft_ids))
-        state["t2d"] = torch.zeros(vocab, dtype=torch.bool).index_fill(0, draft_ids, True)
+        state["t2d"] = draft_vocab.members(state["d2t"], vocab)
     if config.get("original_lm_head"):
         shared = state.pop("lm_heads.0.weight")
         if torch.equal(shared.to(torch.float32), target.get_output_embeddings().weight.detach().cpu().to(torch.float32)):
@@ -149,12 +150,12 @@ def eagle3(config: dict, tensors: dict, target) -> tuple[dict, dict]:
     if "lm_head.weight" not in state:
         raise DraftheadsError("this EAGLE-3 folder has no lm_head.weight; it cannot be loaded")
     vocab = target_dims(target.config).vocab_size
-    draft_vocab = int(config.get("draft_vocab_size") or state["lm_head.weight"].shape[0])
+    size = int(config.get("draft_vocab_size") or state["lm_head.weight"].shape[0])
     if "d2t" not in state:  # a full-vocabulary head carries no maps
-        state["d2t"] = torch.zeros(draft_vocab, dtype=torch.long)
+        state["d2t"] = torch.zeros(size, dtype=torch.long)
     if "t2d" not in state:
-        state["t2d"] = torch.zeros(vocab, dtype=torch.bool).index_fill(0, torch.arange(draft_vocab) + state["d2t"], True)
-    return {"type": "eagle", "eagle3": True, "feature_layers": layers, "draft_vocab_size": draft_vocab}, state
+        state["t2d"] = draft_vocab.members(state["d2t"], vocab)
+    return {"type": "eagle", "eagle3": True, "feature_layers": layers, "draft_vocab_size": size}, state
 
 
 def with_saved_settings(folder: Path, head: dict) -> dict:

@@ -56,16 +56,24 @@ def feature_dim(target, layers) -> int:
     return config.hidden_size * len(layers)
 
 
-def settings_key(target, layers, max_length: int, feature_dtype: str) -> str:
-    """A short hash of what the cached values depend on besides the rows."""
+def _settings(target, layers, max_length: int, feature_dtype: str) -> dict:
+    """What the cached values depend on besides the rows (including a fingerprint of the weights)."""
     weights = target.get_input_embeddings().weight
     probe = [float(weights.double().sum()), float(next(target.parameters()).double().abs().sum())]
-    info = {
+    return {
         "target": getattr(target, "name_or_path", ""), "config": target.config.to_json_string(use_diff=False),
         "dtype": str(next(target.parameters()).dtype), "probe": probe, "layers": list(layers),
         "max_length": max_length, "feature_dtype": feature_dtype,
     }
+
+
+def _short_hash(info: dict) -> str:
     return hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def settings_key(target, layers, max_length: int, feature_dtype: str) -> str:
+    """A short hash of what the cached values depend on besides the rows."""
+    return _short_hash(_settings(target, layers, max_length, feature_dtype))
 
 
 def shard_digests(rowset, count: int) -> list[str]:
@@ -82,16 +90,9 @@ def shard_digests(rowset, count: int) -> list[str]:
 
 
 def cache_key(target, layers, max_length: int, feature_dtype: str, rows, lengths: np.ndarray) -> str:
-    """A short hash of everything the cached values depend on (including a fingerprint of the weights)."""
-    weights = target.get_input_embeddings().weight
-    probe = [float(weights.double().sum()), float(next(target.parameters()).double().abs().sum())]
-    info = {
-        "target": getattr(target, "name_or_path", ""), "config": target.config.to_json_string(use_diff=False),
-        "dtype": str(next(target.parameters()).dtype), "probe": probe, "layers": list(layers),
-        "max_length": max_length, "feature_dtype": feature_dtype, "rows": len(rows),
-        "data": getattr(rows, "_fingerprint", ""), "tokens": int(lengths.sum()),
-    }
-    return hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:16]
+    """A short hash of everything the cached values depend on: the settings and the rows."""
+    return _short_hash({**_settings(target, layers, max_length, feature_dtype), "rows": len(rows),
+                        "data": getattr(rows, "_fingerprint", ""), "tokens": int(lengths.sum())})
 
 
 class FeatureCache:
@@ -139,9 +140,9 @@ def build_feature_cache(accelerator, target, rowset, lengths: np.ndarray, layers
     torch_dtype, np_dtype, nbytes = STORAGE[feature_dtype]
     dim = feature_dim(target, layers)
     shards = -(-len(lengths) // SHARD_ROWS)
-    settings = settings_key(target, layers, rowset.max_length, feature_dtype)
-    digests = shard_digests(rowset, len(lengths))
-    if accelerator.is_main_process:
+    if accelerator.is_main_process:  # only the main process takes shards over and writes the manifest
+        settings = settings_key(target, layers, rowset.max_length, feature_dtype)
+        digests = shard_digests(rowset, len(lengths))
         folder.mkdir(parents=True, exist_ok=True)
         if share_folder:
             taken = _take_shards(folder, settings, digests)
@@ -172,22 +173,22 @@ def build_feature_cache(accelerator, target, rowset, lengths: np.ndarray, layers
     return FeatureCache(folder)
 
 
-def _earlier_caches(folder: Path, settings: str) -> list[Path]:
-    """Complete caches beside `folder` built with the same settings (hence for other rows)."""
-    found = []
+def _earlier_caches(folder: Path, settings: str) -> dict[Path, dict]:
+    """Complete caches beside `folder` built with the same settings (hence for other rows) -> their manifests."""
+    found = {}
     for other in sorted(folder.parent.iterdir()):
-        manifest = other / "manifest.json"
-        if other != folder and manifest.is_file():
-            if json.loads(manifest.read_text()).get("settings") == settings:
-                found.append(other)
+        path = other / "manifest.json"
+        if other != folder and path.is_file():
+            manifest = json.loads(path.read_text())
+            if manifest.get("settings") == settings:
+                found[other] = manifest
     return found
 
 
 def _take_shards(folder: Path, settings: str, digests: list[str]) -> int:
     """Hard-link (or copy) each missing shard whose rows an earlier cache holds; returns how many."""
     held = {}
-    for other in _earlier_caches(folder, settings):
-        manifest = json.loads((other / "manifest.json").read_text())
+    for other, manifest in _earlier_caches(folder, settings).items():
         if manifest["shard_rows"] == SHARD_ROWS:
             held.update({d: other / shard_name(s) for s, d in enumerate(manifest.get("shard_digests", []))})
     taken = 0
