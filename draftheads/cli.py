@@ -1,6 +1,8 @@
 """`draftheads` command line: data, train, eval, export, demo, recipe.
 
 Every user error is a `DraftheadsError`, printed as one line (`error: ...`) with exit status 2.
+Each command imports the package that does its work when it runs, not before: those pull in torch
+and transformers (seconds), which parsing arguments and `--help` never need.
 """
 
 from __future__ import annotations
@@ -8,7 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.version import __version__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="draftheads", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"draftheads {_version()}")
+    parser.add_argument("--version", action="version", version=f"draftheads {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
 
     p = sub.add_parser("data", help="generate training data with the target's own responses")
@@ -88,13 +91,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _recipe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("recipe", help="bundled recipe name or YAML path")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-4 head.num_heads=3")
-
-
-def _version() -> str:
-    from draftheads import __version__
-
-    return __version__
-
 
 
 def cmd_recipe_show(args) -> int:
@@ -157,9 +153,9 @@ def _given(flag, default):
 
 
 def cmd_export(args) -> int:
-    from draftheads.heads.export import run_export
+    from draftheads.interop.export import export_drafter
 
-    folder = run_export(args.source, args.format, args.out, target=args.target)
+    folder = export_drafter(args.source, args.format, args.out, target=args.target)
     print(f"exported {args.source} as {args.format} to {folder}")
     return 0
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import sys
 
+from draftheads.cli import main as cli_main
+
 
 def main(argv: list[str] | None = None) -> int:
-    from draftheads.cli import main as cli_main
-
     return cli_main(["data", *(sys.argv[1:] if argv is None else argv)])
 
 

@@ -14,13 +14,20 @@ Leaves, under `out`:
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from pathlib import Path
 
 import yaml
+from accelerate.state import AcceleratorState, GradientState
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.errors import DraftheadsError
+from draftheads.inference.evaluate import run_eval
+from draftheads.recipe import load_recipe, read_recipe_text, recipe_from_dict
+from draftheads.training.datagen import run_data
+from draftheads.training.loop import run_training
+from draftheads.training.target import load_target
 
 RECIPE = "demo-smollm2"
 # Head sections of the other heads' bundled CPU recipes; data, training and evaluation stay the demo's.
@@ -36,10 +43,6 @@ def run_demo(out: str = "runs/demo", *, heads=("eagle",), target_model=None, com
     parsed as YAML like command-line overrides.
     target_model: (model, tokenizer) instead of loading recipe.target (tests).
     """
-    from draftheads.inference.evaluate import run_eval
-    from draftheads.training.datagen import run_data
-    from draftheads.training.loop import run_training
-
     out = Path(out)
     clock = Phases(out, heads)
     recipe = demo_recipe(out, overrides)
@@ -70,8 +73,6 @@ def run_demo(out: str = "runs/demo", *, heads=("eagle",), target_model=None, com
 
 def demo_recipe(out: Path, overrides: dict):
     """The bundled demo recipe with `overrides` applied and its data and run folders placed under `out`."""
-    from draftheads.recipe import read_recipe_text, recipe_from_dict
-
     text, source = read_recipe_text(RECIPE)
     data = yaml.safe_load(text)
     for key, value in overrides.items():
@@ -93,15 +94,11 @@ def set_dotted(data: dict, key: str, value) -> None:
 
 def recipe_for_head(recipe, head: str, out: Path):
     """The demo recipe training `head` into out/<head>/: the demo's own head, or another head's bundled section."""
-    import copy
-
-    from draftheads.recipe import load_recipe
-
     if head == recipe.head.type:
         return recipe
     other = copy.deepcopy(recipe)
     other.head = load_recipe(HEAD_RECIPES[head]).head
-    if getattr(other.head, "draft_vocab_size", None) is not None and getattr(recipe.head, "draft_vocab_size", None) is not None:
+    if other.head.draft_vocab_size is not None and recipe.head.draft_vocab_size is not None:
         other.head.draft_vocab_size = recipe.head.draft_vocab_size  # one draft vocabulary size for the demo's data and target
     other.name = f"{recipe.name}-{head}"
     other.train.output_dir = str(out / head)
@@ -109,8 +106,6 @@ def recipe_for_head(recipe, head: str, out: Path):
 
 
 def load_demo_target(recipe):
-    from draftheads.training.target import load_target
-
     t = recipe.target
     return load_target(t.name, dtype=t.dtype, device=t.device, revision=t.revision, trust_remote_code=t.trust_remote_code,
                        chat_template=t.chat_template, attn_implementation=t.attn_implementation)
@@ -118,8 +113,6 @@ def load_demo_target(recipe):
 
 def _reset_accelerate() -> None:
     """Let the next training run build its own Accelerator (accelerate keeps process-wide state)."""
-    from accelerate.state import AcceleratorState, GradientState
-
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
 

@@ -3,9 +3,10 @@
 A drafter supplies one callback, `expand(nodes, parents, tokens) -> logits [b, len(nodes), V]`:
 the draft logits for the children of `nodes` (all at one depth, every ancestor expanded in an
 earlier call, so autoregressive drafters can feed them with a tree mask over their own cache).
-`parents[i]` and `tokens[:, i]` describe every node created so far; node 0 is the root. A drafter
-with a draft vocabulary returns logits over it ([b, n, Vd]) and passes `Columns`: softmax and top-k
-then run over Vd columns, not V (the same result: tokens outside have zero draft probability).
+`parents[i]` and `tokens[:, i]` describe every node created so far; node 0 is the root. Logits are
+over the drafter's vocabulary (`vocab`, heads/draft_vocab.py): with a draft vocabulary [b, n, Vd],
+so softmax and top-k run over Vd columns, not V (the same result: tokens outside have zero draft
+probability), and `vocab` maps the picked columns to target ids.
 
 - static trees: every node of a depth that has children is expanded in one call; its children
   are the draft's top-k (or k draws without replacement from the warped draft distribution).
@@ -22,8 +23,9 @@ from typing import Callable
 
 import torch
 
-from draftheads.inference.sampling import pick_children, warp_probs
-from draftheads.inference.tree import DynamicTreeSpec, Tree
+from draftheads.core.sampling import pick_children, warp_probs
+from draftheads.core.tree import DynamicTreeSpec, Tree
+from draftheads.heads.draft_vocab import FULL
 
 Expand = Callable[[list[int], list[int], torch.Tensor], torch.Tensor]
 
@@ -40,24 +42,6 @@ class Sampling:
     @property
     def sampled(self) -> bool:
         return self.generator is not None and self.temperature > 0
-
-
-@dataclass(frozen=True)
-class Columns:
-    """The columns of expand's logits: target token ids [Vd] of a draft vocabulary within `vocab_size`."""
-
-    ids: torch.Tensor
-    vocab_size: int
-
-    def widen(self, probs: torch.Tensor) -> torch.Tensor:
-        """[..., Vd] -> [..., V], zero outside the draft vocabulary."""
-        from draftheads.heads.draft_vocab import scatter  # draft_vocab builds Columns: import it late
-
-        return scatter(probs, self.ids, self.vocab_size, 0.0)
-
-
-def to_target(picked: torch.Tensor, columns: Columns | None) -> torch.Tensor:
-    return picked if columns is None else columns.ids.to(picked.device)[picked]
 
 
 def child_distribution(logits: torch.Tensor, sampling: Sampling, need: int) -> torch.Tensor:
@@ -102,23 +86,23 @@ def lineage(parents: list[int], node: int) -> list[int]:
     return out
 
 
-def draft_static(tree: Tree, root: torch.Tensor, expand: Expand, sampling: Sampling, columns: Columns | None = None):
+def draft_static(tree: Tree, root: torch.Tensor, expand: Expand, sampling: Sampling, vocab=FULL):
     """Fill a static tree: root [b] -> (tokens [b, N], q [b, N, V] or None)."""
     tokens = root.new_zeros(root.shape[0], tree.num_nodes)
     tokens[:, 0] = root
     q = None
-    for depth in range(tree.max_depth):
+    for depth in range(tree.depth):
         nodes = [v for v in range(tree.num_nodes) if tree.depths[v] == depth and tree.children[v]]
         logits = expand(nodes, list(tree.parents), tokens)
         for i, node in enumerate(nodes):
             kids = tree.children[node]
             need = max(tree.ranks[c] for c in kids) + 1
             probs = child_distribution(logits[:, i], sampling, need)
-            picked = to_target(choose_children(probs, need, sampling), columns)
+            picked = vocab.to_target(choose_children(probs, need, sampling))
             for child in kids:
                 tokens[:, child] = picked[:, tree.ranks[child]]
             if sampling.sampled:
-                full = probs if columns is None else columns.widen(probs)
+                full = vocab.widen_probs(probs)
                 if q is None:
                     q = full.new_zeros(*tokens.shape, full.shape[-1])
                 q[:, node] = full
@@ -146,8 +130,7 @@ class Forest:
         self.tokens.append(token)
 
 
-def grow_dynamic(spec: DynamicTreeSpec, root: int, expand: Expand, sampling: Sampling, device=None,
-                 columns: Columns | None = None) -> Forest:
+def grow_dynamic(spec: DynamicTreeSpec, root: int, expand: Expand, sampling: Sampling, vocab=FULL, device=None) -> Forest:
     """Expand the best `top_k` frontier nodes for `spec.depth` levels (the root is level 0)."""
     forest = Forest(tokens=[root])
     frontier = [0]
@@ -157,7 +140,7 @@ def grow_dynamic(spec: DynamicTreeSpec, root: int, expand: Expand, sampling: Sam
         picked = choose_children(probs, spec.top_k, sampling)
         logp = probs.gather(-1, picked).log().tolist()
         for i, node in enumerate(frontier):
-            for token, lp in zip(to_target(picked[i], columns).tolist(), logp[i]):
+            for token, lp in zip(vocab.to_target(picked[i]).tolist(), logp[i]):
                 forest.add(node, token, forest.scores[node] + lp)
         new = [v for v, d in enumerate(forest.depths) if d == level + 1]
         frontier = sorted(sorted(new, key=lambda v: -forest.scores[v])[: spec.top_k])
@@ -193,7 +176,7 @@ def forest_to_tree(forest: Forest, kept: list[int]):
     return tree, tokens
 
 
-def draft_dynamic(spec: DynamicTreeSpec, root: torch.Tensor, expand: Expand, sampling: Sampling, columns: Columns | None = None):
+def draft_dynamic(spec: DynamicTreeSpec, root: torch.Tensor, expand: Expand, sampling: Sampling, vocab=FULL):
     """EAGLE-2 dynamic tree for one sequence: root [1] -> (Tree, tokens [1, N], None).
 
     N = total_tokens drafted nodes + the root (fewer if the candidates run out). q is always None:
@@ -203,6 +186,6 @@ def draft_dynamic(spec: DynamicTreeSpec, root: torch.Tensor, expand: Expand, sam
     """
     if root.numel() != 1:
         raise ValueError(f"dynamic trees are built for one sequence at a time, got a batch of {root.numel()}")
-    forest = grow_dynamic(spec, int(root.reshape(-1)[0]), expand, sampling, root.device, columns)
+    forest = grow_dynamic(spec, int(root.reshape(-1)[0]), expand, sampling, vocab, root.device)
     tree, tokens = forest_to_tree(forest, select_nodes(forest, spec.total_tokens))
     return tree, tokens.to(root.device), None

@@ -14,13 +14,13 @@ import inspect
 import torch
 from torch import nn
 
-from draftheads.errors import DraftheadsError
-from draftheads.heads.common import decoder_layer_class, text_config
+from draftheads.core.errors import DraftheadsError
+from draftheads.heads.common import bind_frozen, decoder_layer_class, text_config
 
 ATTENTION_INPUTS = ("q_proj", "k_proj", "v_proj")
 
 
-def layer_config(target_config):
+def draft_layer_config(target_config):
     """A one-layer copy of the target's (text) config for a draft layer.
 
     Tree masks need an attention kernel that takes an arbitrary 4D mask: eager or SDPA.
@@ -36,7 +36,7 @@ def layer_config(target_config):
 
 def build_decoder_layer(target_config) -> nn.Module:
     """A freshly initialised decoder layer of the target's class (layer index 0 of its own cache)."""
-    return decoder_layer_class(target_config)(layer_config(target_config), 0)
+    return decoder_layer_class(target_config)(draft_layer_config(target_config), 0)
 
 
 def make_norm(layer: nn.Module, dim: int, eps: float) -> nn.Module:
@@ -157,6 +157,19 @@ def target_parts(target) -> dict:
         "norm": decoder.norm,
         "rotary": decoder.rotary_emb,
     }
+
+
+def bind_parts(owner: nn.Module, target, label: str, names: tuple[str, ...]) -> None:
+    """Attach the target's frozen `names` (of target_parts) to `owner` as `_<name>`, after checking the
+    target has the hidden size and vocabulary owner was built for (`label` names the drafter in errors)."""
+    parts = target_parts(target)
+    out_features, in_features = parts["lm_head"].weight.shape
+    if (in_features, out_features) != (owner.hidden_size, owner.vocab_size):
+        raise DraftheadsError(
+            f"this {label} drafter was built for hidden size {owner.hidden_size} and vocab {owner.vocab_size}, "
+            f"but the target has {in_features} and {out_features}; use the target it was trained on"
+        )
+    bind_frozen(owner, **{f"_{name}": parts[name] for name in names})
 
 
 def ttt_visible(step: int, n: int, position_ids: torch.Tensor | None = None, device=None) -> torch.Tensor:

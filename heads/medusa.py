@@ -15,15 +15,14 @@ from typing import Literal
 import torch
 from torch import nn
 
-from draftheads.config import check, doc
-from draftheads.errors import DraftheadsError
-from draftheads.heads import draft_vocab, medusa2
-from draftheads.heads.draft_tree import to_target
+from draftheads.core.config import check, doc
+from draftheads.core.drafter import Proposal
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.sampling import pick_children, warp_probs
+from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
 from draftheads.heads.common import (DepthMetrics, TargetDistribution, batch_features, bind_frozen, masked_ce, mean_loss,
                                      target_dims)
-from draftheads.inference.drafter import Proposal
-from draftheads.inference.sampling import pick_children, warp_probs
-from draftheads.inference.tree import DynamicTreeSpec, Tree, parse_tree
+from draftheads.heads.draft_vocab import vocabulary
 
 MAX_HEADS = 10
 
@@ -62,6 +61,9 @@ class MedusaConfig:
         check(self.lora_r > 0, f"head.lora_r must be positive, got {self.lora_r}")
         check(0 <= self.lora_dropout < 1, f"head.lora_dropout must be in [0, 1), got {self.lora_dropout}")
 
+    def resolve(self, num_layers: int, vocab_size: int) -> None:
+        """Nothing to derive: hidden size and vocabulary come from the target's config when built."""
+
     @property
     def depth(self) -> int:
         """How many tokens past the target's own next token this drafter can propose."""
@@ -96,17 +98,17 @@ class ResidualBlock(nn.Module):
         return y + nn.functional.silu(self.linear(y))
 
 
-class MedusaDrafter(draft_vocab.DraftVocabulary, nn.Module):
+class MedusaDrafter(nn.Module):
     """K Medusa heads over the target's last hidden state; head k (1-based) predicts x_{t+k+1}.
 
     Parameters: heads.{k}.{i}.linear (K x num_layers distinct blocks) and, with lm_head 'own',
     lm_heads.{k} (the target's lm_head copied in at bind, or its rows for the draft vocabulary once that
-    is chosen). With lm_head 'shared' the target's frozen lm_head is bound, not registered. With
-    medusa2 the target itself (LoRA-adapted) is registered as `target` so its adapter trains and
-    syncs with the heads; see heads/medusa2.py.
+    is chosen). With lm_head 'shared' the target's frozen lm_head is bound, not registered.
+    Medusa-2 (heads/medusa2.py) holds one of these beside the target's LoRA adapter.
     """
 
     feature_layers = (-1,)
+    trains_target = False
 
     def __init__(self, config: MedusaConfig, hidden_size: int, vocab_size: int):
         super().__init__()
@@ -119,12 +121,8 @@ class MedusaDrafter(draft_vocab.DraftVocabulary, nn.Module):
             self.lm_heads = nn.ModuleList([nn.Linear(hidden_size, rows, bias=False) for _ in range(config.num_heads)])
             # False until bind() copies the target's lm_head in; a loaded drafter carries True.
             self.register_buffer("lm_heads_initialised", torch.tensor(False))
-        if config.draft_vocab_size is not None:
-            draft_vocab.add_buffers(self, config.draft_vocab_size, vocab_size)
-        self._shared_rows = draft_vocab.SharedRows()
+        self.vocab = vocabulary(self, config.draft_vocab_size, vocab_size)
         bind_frozen(self, _lm_head=None, _feature=None, _pending=None)
-        self.needs_target_grad = config.medusa2
-        self.unsaved_prefixes = ("target.",) if config.medusa2 else ()
 
     @classmethod
     def from_target(cls, target_config, cfg: MedusaConfig) -> "MedusaDrafter":
@@ -132,10 +130,7 @@ class MedusaDrafter(draft_vocab.DraftVocabulary, nn.Module):
         return cls(cfg, dims.hidden_size, dims.vocab_size)
 
     def bind(self, target) -> "MedusaDrafter":
-        """Attach the target's frozen lm_head (and, for Medusa-2, wrap the target with LoRA)."""
-        if self.config.medusa2:
-            self.target = medusa2.attach_lora(target, self.config)
-            target = self.target.get_base_model()
+        """Attach the target's frozen lm_head (own lm heads start as its rows)."""
         bind_frozen(self, _lm_head=target.get_output_embeddings())
         if self.config.lm_head == "own" and not bool(self.lm_heads_initialised):
             self._copy_target_rows()
@@ -145,20 +140,20 @@ class MedusaDrafter(draft_vocab.DraftVocabulary, nn.Module):
     def _copy_target_rows(self) -> None:
         """Start every own lm head as the target's lm_head (its rows for the draft vocabulary, if any)."""
         weight = self._lm_head.weight
-        rows = weight[self.draft_ids.to(weight.device)] if self.has_draft_vocab else weight
+        rows = weight[self.vocab.ids.to(weight.device)] if self.vocab.restricted else weight
         for head in self.lm_heads:
             head.weight.copy_(rows)
         self.lm_heads_initialised.fill_(True)
 
-    def set_draft_vocab(self, token_counts: torch.Tensor) -> torch.Tensor:
-        """Choose the draft vocabulary (see DraftVocabulary); own lm heads restart as the target's rows for it."""
-        chosen = super().set_draft_vocab(token_counts)
+    def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
+        """Draft among the draft_vocab_size tokens most frequent in token_counts [V] (ties: lower id first);
+        own lm heads restart as the target's rows for them."""
+        self.vocab.choose(token_counts)
         if self.config.lm_head == "own":
             if self._lm_head is not None:
                 self._copy_target_rows()
             else:
                 self.lm_heads_initialised.fill_(False)  # bind() copies them
-        return chosen
 
     @property
     def dtype(self) -> torch.dtype:
@@ -168,9 +163,9 @@ class MedusaDrafter(draft_vocab.DraftVocabulary, nn.Module):
         """The target's lm_head on y [..., H]: [..., V], or [..., Vd] over the draft vocabulary."""
         if self._lm_head is None:
             raise DraftheadsError("the Medusa drafter is not bound to a target; call drafter.bind(target) first")
-        if self.has_draft_vocab:
-            return self._shared_rows.logits(self._lm_head, self.d2t, y)
-        return self._lm_head(y)
+        if self.vocab.restricted:
+            return self.vocab.project(self._lm_head, y)
+        return self._lm_head(y)  # the whole vocabulary's logits stay in the target's dtype: no [D, V] cast per step
 
     def head_logits(self, k: int, hidden: torch.Tensor) -> torch.Tensor:
         """Head k (0-based: predicts x_{t+k+2}) on hidden [..., H] -> logits [..., V] ([..., Vd] with a draft vocabulary)."""
@@ -190,17 +185,12 @@ class MedusaDrafter(draft_vocab.DraftVocabulary, nn.Module):
             logits = torch.stack([self.head_logits(k, feature) for k in range(depth)], dim=1)
         else:
             logits = self._shared_head(torch.stack([self.heads[k](feature) for k in range(depth)], dim=1))
-        return self.widen_logits(logits.float()) if widen and self.has_draft_vocab else logits
+        return self.vocab.widen(logits.float()) if widen and self.vocab.restricted else logits
 
     # ---- training ----------------------------------------------------------------------------
 
     def training_loss(self, batch: dict) -> tuple[torch.Tensor, dict]:
-        """sum_k decay^(k-1) CE_k over counted positions; batch as in heads/__init__.py.
-
-        Medusa-2 runs the LoRA-adapted target itself (no "features" needed) and adds its LM loss.
-        """
-        if self.config.medusa2:
-            return medusa2.training_loss(self, batch)
+        """sum_k decay^(k-1) CE_k over counted positions, on the target's cached or online features."""
         return self.heads_loss(batch_features(batch, self.dtype), batch)
 
     def heads_loss(self, hidden: torch.Tensor, batch: dict) -> tuple[torch.Tensor, dict]:
@@ -210,33 +200,36 @@ class MedusaDrafter(draft_vocab.DraftVocabulary, nn.Module):
         soft = TargetDistribution(hidden, batch, self.target_logits) if self.config.soft_labels else None
         for k in range(self.config.num_heads):
             loss_sum, correct, total = masked_ce(hidden, batch, k + 2, lambda rows, k=k: self.head_logits(k, rows),
-                                                 self.draft_map, soft)
+                                                 self.vocab, soft)
             metrics.add(k, loss_sum, correct, total)
             loss = loss + self.config.loss_decay**k * mean_loss(loss_sum, total)
         return loss, metrics.as_dict()
 
-    def param_groups(self, base_lr: float) -> list[dict]:
-        """Optimizer groups: the heads at head_lr (Medusa-2 default 4x base_lr), LoRA at base_lr."""
-        heads = [p for n, p in self.named_parameters() if p.requires_grad and not n.startswith("target.")]
-        default = 4 * base_lr if self.config.medusa2 else base_lr
-        groups = [{"params": heads, "lr": self.config.head_lr or default}]
-        if self.config.medusa2:
-            groups.append({"params": medusa2.lora_parameters(self), "lr": base_lr})
-        return groups
+    def target_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's own logits from its final features [..., H], over the heads' columns (fp32)."""
+        if self._lm_head is None:
+            raise DraftheadsError("the Medusa drafter is not bound to a target; call drafter.bind(target) first")
+        return self.vocab.project(self._lm_head, features)
 
-    def save_adapter(self, folder) -> None:
-        """Medusa-2: write the LoRA adapter in PEFT format (adapter_config.json + adapter_model.safetensors)."""
-        medusa2.save_adapter(self, folder)
-
-    def load_adapter(self, folder) -> None:
-        medusa2.load_adapter(self, folder)
+    def param_groups(self, lr: float) -> list[dict]:
+        """One group: the heads, at head.head_lr when set."""
+        heads = [p for p in self.parameters() if p.requires_grad]
+        return [{"params": heads, "lr": self.config.head_lr or lr}]
 
     def adapted_target(self):
-        """Medusa-2: the LoRA-adapted target (a peft model). The heads were trained on its features,
-        so evaluation must run this model as the target; `with m.disable_adapter():` gives the original."""
-        return medusa2.adapted_target(self)
+        """Only Medusa-2 drafters (heads/medusa2.py) adapt the target."""
+        raise DraftheadsError("adapted_target() only applies to Medusa-2 drafters (head.medusa2: true)")
 
-    # ---- drafting (draftheads.inference.drafter.Drafter) ---------------------------------------
+    def saved_module(self) -> nn.Module:
+        return self
+
+    def save_extras(self, folder) -> None:
+        """Everything is in the weights file."""
+
+    def load_extras(self, folder) -> None:
+        """Everything is in the weights file."""
+
+    # ---- drafting (core/drafter.py: Drafter) ---------------------------------------
 
     def reset(self) -> None:
         bind_frozen(self, _feature=None, _pending=None)
@@ -261,18 +254,17 @@ class MedusaDrafter(draft_vocab.DraftVocabulary, nn.Module):
         tree = self._check_tree(tree)
         if self._feature is None:
             raise DraftheadsError("Medusa propose() called before observe(); feed the prompt's features first")
-        depth = tree.max_depth
+        depth = tree.depth
         logits = self.draft_logits(self._feature, depth, widen=False)  # [b, D, V] or [b, D, Vd]
-        columns = self.draft_columns()
         sampled = generator is not None and temperature > 0
         widths = [1 + max(r for r, d in zip(tree.ranks, tree.depths) if d == level) for level in range(1, depth + 1)]
         if sampled:
             q = warp_probs(logits, temperature, top_k, top_p)
-            picks = [to_target(pick_children(q[:, d], widths[d], generator), columns) for d in range(depth)]
+            picks = [self.vocab.to_target(pick_children(q[:, d], widths[d], generator)) for d in range(depth)]
             tree = _prune(tree, [p.shape[1] for p in picks])
-            q = q if columns is None else columns.widen(q)
+            q = self.vocab.widen_probs(q)
         else:
-            picks = [to_target(torch.topk(logits[:, d], widths[d], dim=-1).indices, columns) for d in range(depth)]
+            picks = [self.vocab.to_target(torch.topk(logits[:, d], widths[d], dim=-1).indices) for d in range(depth)]
         tokens = self._fill(tree, picks)
         if not sampled:
             return Proposal(tree, tokens)
@@ -284,9 +276,9 @@ class MedusaDrafter(draft_vocab.DraftVocabulary, nn.Module):
         tree = self.default_tree() if tree is None else parse_tree(tree)
         if isinstance(tree, DynamicTreeSpec):
             raise DraftheadsError("Medusa heads cannot build dynamic trees; give a static tree (e.g. chain:K or index paths)")
-        if tree.max_depth > self.config.num_heads:
+        if tree.depth > self.config.num_heads:
             raise DraftheadsError(
-                f"tree depth {tree.max_depth} exceeds the drafter's {self.config.num_heads} Medusa heads; use a shallower tree"
+                f"tree depth {tree.depth} exceeds the drafter's {self.config.num_heads} Medusa heads; use a shallower tree"
             )
         return tree
 

@@ -16,15 +16,15 @@ from typing import Literal
 import torch
 from torch import nn
 
-from draftheads.config import check, doc
-from draftheads.errors import DraftheadsError
-from draftheads.heads import draft_vocab
-from draftheads.heads.common import (DepthMetrics, TargetDistribution, batch_features, bind_frozen, masked_ce, mean_loss,
-                                     target_dims, text_config)
+from draftheads.core.config import check, doc
+from draftheads.core.drafter import Proposal
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
+from draftheads.heads.common import (DepthMetrics, TargetDistribution, batch_features, bind_frozen, masked_ce, mean_loss, target_dims,
+                                     text_config)
 from draftheads.heads.draft_tree import Sampling, draft_dynamic, draft_static, lineage, node_depth
-from draftheads.heads.layers import KVCache, build_decoder_layer, causal_visible, make_norm, run_layer, target_parts, tree_visible
-from draftheads.inference.drafter import Proposal
-from draftheads.inference.tree import DynamicTreeSpec, Tree, parse_tree
+from draftheads.heads.draft_vocab import vocabulary
+from draftheads.heads.layers import KVCache, bind_parts, build_decoder_layer, causal_visible, make_norm, run_layer, tree_visible
 
 MAX_DEPTH = 8
 
@@ -52,6 +52,9 @@ class MTPConfig:
             check(all(w >= 0 for w in self.loss_weights), "head.loss_weights must be >= 0")
         check(self.draft_vocab_size is None or self.draft_vocab_size > 0, "head.draft_vocab_size must be positive")
 
+    def resolve(self, num_layers: int, vocab_size: int) -> None:
+        """Nothing to derive: the modules' sizes and class come from the target's config when built."""
+
 
 class MTPModule(nn.Module):
     """Module k: project [RMSNorm(h^{k-1}); RMSNorm(emb(x_{t+k}))] (2H -> H), then one decoder layer."""
@@ -71,10 +74,11 @@ class MTPModule(nn.Module):
         return run_layer(self.layer, rotary, fused, position_ids, visible, cache)
 
 
-class MTPDrafter(draft_vocab.DraftVocabulary, nn.Module):
+class MTPDrafter(nn.Module):
     """D sequential MTP modules over the target's last hidden state."""
 
     feature_layers = (-1,)
+    trains_target = False
 
     def __init__(self, config: MTPConfig, target_config):
         super().__init__()
@@ -82,9 +86,8 @@ class MTPDrafter(draft_vocab.DraftVocabulary, nn.Module):
         dims = target_dims(target_config)
         self.hidden_size, self.vocab_size = dims.hidden_size, dims.vocab_size
         self.blocks = nn.ModuleList(MTPModule(target_config) for _ in range(config.depth))
-        if config.draft_vocab_size is not None:
-            draft_vocab.add_buffers(self, config.draft_vocab_size, dims.vocab_size)
-        self._shared_rows = draft_vocab.SharedRows()
+        self.vocab = vocabulary(self, config.draft_vocab_size, dims.vocab_size)
+        bind_frozen(self, _lm_head=None)
         self.reset()
 
     @classmethod
@@ -93,14 +96,7 @@ class MTPDrafter(draft_vocab.DraftVocabulary, nn.Module):
 
     def bind(self, target) -> "MTPDrafter":
         """Share the target's frozen embedding, final norm, lm_head and rotary embedding."""
-        parts = target_parts(target)
-        out_features, in_features = parts["lm_head"].weight.shape
-        if (in_features, out_features) != (self.hidden_size, self.vocab_size):
-            raise DraftheadsError(
-                f"this MTP drafter was built for hidden size {self.hidden_size} and vocab {self.vocab_size}, "
-                f"but the target has {in_features} and {out_features}; use the target it was trained on"
-            )
-        bind_frozen(self, _embed=parts["embed"], _norm=parts["norm"], _lm_head=parts["lm_head"], _rotary=parts["rotary"])
+        bind_parts(self, target, "MTP", ("embed", "norm", "lm_head", "rotary"))
         return self
 
     @property
@@ -111,13 +107,17 @@ class MTPDrafter(draft_vocab.DraftVocabulary, nn.Module):
         """h^k [..., H] -> fp32 logits through the target's final norm and lm_head: [..., V], or [..., Vd]
         over the draft vocabulary (the lm_head's rows for it)."""
         normed = self._norm(hidden.to(self._norm.weight.dtype))
-        if self.has_draft_vocab:
-            return self._shared_rows.logits(self._lm_head, self.d2t, normed)
-        return self._lm_head(normed.to(self._lm_head.weight.dtype)).float()
+        return self.vocab.project(self._lm_head, normed)
 
-    def _vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """h^k [..., H] -> [..., V] over the target vocabulary (-inf outside a draft vocabulary)."""
-        return self.widen_logits(self._logits(hidden))
+        return self.vocab.widen(self._logits(hidden))
+
+    def target_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's own logits from its final features [..., H], over the same columns as the modules'."""
+        if self._lm_head is None:
+            raise DraftheadsError("the drafter is not bound to a target; call drafter.bind(target) first")
+        return self.vocab.project(self._lm_head, features)
 
     # ---- training -----------------------------------------------------------------------------
 
@@ -146,10 +146,26 @@ class MTPDrafter(draft_vocab.DraftVocabulary, nn.Module):
         loss = h0.new_zeros(())
         soft = TargetDistribution(h0, batch, self.target_logits) if self.config.soft_labels else None
         for k, hidden in enumerate(self.forward_modules(h0, batch["input_ids"], batch.get("position_ids")), start=1):
-            loss_sum, correct, total = masked_ce(hidden, batch, k + 1, self._logits, self.draft_map, soft)
+            loss_sum, correct, total = masked_ce(hidden, batch, k + 1, self._logits, self.vocab, soft)
             metrics.add(k - 1, loss_sum, correct, total)
             loss = loss + weights[k - 1] * mean_loss(loss_sum, total)
         return loss, metrics.as_dict()
+
+    def param_groups(self, lr: float) -> list[dict]:
+        return [{"params": [p for p in self.parameters() if p.requires_grad], "lr": lr}]
+
+    def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
+        """Draft among the draft_vocab_size tokens most frequent in token_counts [V] (ties: lower id first)."""
+        self.vocab.choose(token_counts)
+
+    def saved_module(self) -> nn.Module:
+        return self
+
+    def save_extras(self, folder) -> None:
+        """Everything is in the weights file."""
+
+    def load_extras(self, folder) -> None:
+        """Everything is in the weights file."""
 
     # ---- drafting (the Drafter protocol) -------------------------------------------------------
     #
@@ -201,22 +217,20 @@ class MTPDrafter(draft_vocab.DraftVocabulary, nn.Module):
         if self._root_out is None:
             raise ValueError("observe the prompt before calling propose")
         tree = parse_tree(tree) if tree is not None else self.default_tree()
-        depth = tree.depth if isinstance(tree, DynamicTreeSpec) else tree.max_depth
-        if depth > self.config.depth:
+        if tree.depth > self.config.depth:
             raise DraftheadsError(
                 f"an MTP drafter with head.depth={self.config.depth} drafts at most {self.config.depth} tokens ahead, "
-                f"but the tree is {depth} deep; use a tree of depth <= {self.config.depth}"
+                f"but the tree is {tree.depth} deep; use a tree of depth <= {self.config.depth}"
             )
         for k, cache in enumerate(self._caches, start=1):
             cache.truncate(self._committed(k))
         sampling = Sampling(temperature, top_k, top_p, generator)
         expand = functools.partial(self._expand, {})
         root = self._tokens[:, -1]
-        columns = self.draft_columns()
         if isinstance(tree, DynamicTreeSpec):
-            tree, tokens, q = draft_dynamic(tree, root, expand, sampling, columns)
+            tree, tokens, q = draft_dynamic(tree, root, expand, sampling, self.vocab)
         else:
-            tokens, q = draft_static(tree, root, expand, sampling, columns)
+            tokens, q = draft_static(tree, root, expand, sampling, self.vocab)
         return Proposal(tree, tokens, q)
 
     def _expand(self, previous: dict, nodes: list[int], parents: list[int], tokens: torch.Tensor) -> torch.Tensor:

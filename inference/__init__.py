@@ -1,1 +1,1 @@
-"""Trees, verification, acceptance rules, the generation loop, evaluation."""
+"""The generation loop (verification, acceptance rules), prompt lookup and its combination with a learned drafter, and evaluation."""

@@ -30,13 +30,14 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from draftheads.inference.sampling import sample, top1
-from draftheads.inference.tree import Tree
-
-RULES = ("greedy", "strict", "typical")
+from draftheads.core.config import suggest
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.sampling import sample, top1
+from draftheads.core.tree import Tree
 
 
 @dataclass
@@ -60,14 +61,16 @@ def accept(
     epsilon: float = 0.09,
     delta: float = 0.3,
 ) -> Acceptance:
-    """Dispatch to one rule by name ('greedy', 'strict', 'typical')."""
-    if rule == "greedy":
-        return accept_greedy(tree, tokens, p)
-    if rule == "strict":
-        return accept_strict(tree, tokens, p, q, generator)
-    if rule == "typical":
-        return accept_typical(tree, tokens, p, generator, epsilon=epsilon, delta=delta)
-    raise ValueError(f"unknown acceptance rule '{rule}'; use one of {', '.join(RULES)}")
+    """Run the rule named `rule` (a key of RULES)."""
+    return RULES[check_rule(rule)](tree, tokens, p, q, generator, epsilon, delta)
+
+
+def check_rule(rule: str, setting: str | None = None) -> str:
+    """`rule` if it names an acceptance rule, else a one-line error naming them (`setting`: e.g. 'eval.accept')."""
+    if rule not in RULES:
+        what = f"{setting}: unknown rule" if setting else "unknown acceptance rule"
+        raise DraftheadsError(f"{what} '{rule}'{suggest(str(rule), RULES)}; use {', '.join(RULES)}")
+    return rule
 
 
 def parent_values(tree: Tree, tokens: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -153,12 +156,12 @@ def accept_strict(
     device = tokens.device
     rows = torch.arange(b, device=device)
     children = tree.children_table.to(device)                        # [N, W]
-    path = torch.full((b, tree.max_depth + 1), -1, dtype=torch.long, device=device)
+    path = torch.full((b, tree.depth + 1), -1, dtype=torch.long, device=device)
     path[:, 0] = 0
     node = torch.zeros(b, dtype=torch.long, device=device)
     walking = torch.ones(b, dtype=torch.bool, device=device)
     next_token = torch.zeros(b, dtype=torch.long, device=device)
-    for depth in range(tree.max_depth + 1):
+    for depth in range(tree.depth + 1):
         r = p[rows, node].float()
         q_left = None if q is None else q[rows, node].float()
         moved = torch.zeros_like(walking)
@@ -185,3 +188,12 @@ def accept_strict(
         walking &= moved
     num_accepted = (path >= 0).sum(-1) - 1
     return Acceptance(path, num_accepted, next_token)
+
+
+# name -> rule, every rule called as (tree, tokens, p, q, generator, epsilon, delta)
+RULES: dict[str, Callable[..., Acceptance]] = {
+    "greedy": lambda tree, tokens, p, q, generator, epsilon, delta: accept_greedy(tree, tokens, p),
+    "strict": lambda tree, tokens, p, q, generator, epsilon, delta: accept_strict(tree, tokens, p, q, generator),
+    "typical": lambda tree, tokens, p, q, generator, epsilon, delta: accept_typical(tree, tokens, p, generator,
+                                                                                     epsilon=epsilon, delta=delta),
+}

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import heapq
 
-from draftheads.errors import DraftheadsError
-from draftheads.inference.tree import Tree
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.tree import Tree
 
 
 def check_table(accuracy) -> list[list[float]]:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from draftheads.errors import DraftheadsError
-from draftheads.inference.drafter import Proposal
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.drafter import Proposal
 from draftheads.inference.lookup import PromptLookupDrafter
-from draftheads.inference.tree import Tree
+from draftheads.core.tree import Tree
 
 
 def graft(tree: Tree, tokens: list[int], chain: list[int]) -> tuple[Tree, list[int]]:
@@ -53,7 +53,6 @@ class CombinedDrafter:
         self.lookup = lookup or PromptLookupDrafter()
         self.lookup_depth = lookup_depth
         self.feature_layers = tuple(learned.feature_layers)
-        self.config = getattr(learned, "config", None)
 
     def reset(self) -> None:
         self.learned.reset()

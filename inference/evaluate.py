@@ -12,18 +12,31 @@ from __future__ import annotations
 
 import collections
 import datetime
-import json
 from pathlib import Path
 
+import yaml
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.config import build, to_dict
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.run_folder import RECIPE_FILE
+from draftheads.core.tree import AutoTreeSpec, DynamicTreeSpec, Tree, parse_tree
+from draftheads.heads.common import text_config
+from draftheads.inference.accept import check_rule
+from draftheads.inference.auto_tree import auto_tree, expected_accepted
 from draftheads.inference.combined import CombinedDrafter
+from draftheads.inference.eval_config import EvalConfig
 from draftheads.inference.lookup import PromptLookupDrafter
-from draftheads.inference.measure import (Conversation, Entry, Measurements, RunConfig, Settings, first_chat, measure,
-                                          plan_configs)
-from draftheads.inference.report import describe_tree, environment, format_table, now, summarise, tree_depth, write_report
+from draftheads.inference.measure import (Conversation, Entry, EvalSettings, Measurements, RunConfig, first_chat,
+                                          generate_conversation, measure, plan_configs)
+from draftheads.inference.plots import write_plots
+from draftheads.inference.report import describe_tree, environment, format_table, now, summarise, write_report
 from draftheads.inference.stats import GenerationStats
-from draftheads.inference.tree import DynamicTreeSpec, Tree, parse_tree
+from draftheads.interop.load import load_drafter
+from draftheads.interop.native import read_config, resolve_drafter_folder, target_summary
+from draftheads.training.chat import stop_token_ids
+from draftheads.training.hardware import dtype_name
+from draftheads.training.prompts import PromptSource, load_source
+from draftheads.training.target import load_target
 
 LOOKUP_NAMES = ("lookup", "prompt-lookup")
 
@@ -38,11 +51,12 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
     target_model: (model, tokenizer) to use instead of loading `target` (tests, the demo).
     """
     check_settings(accept, temperatures, max_new_tokens, limit)
-    budget = auto_budget(tree)
+    requested = parse_tree(tree)
+    budget = requested.budget if isinstance(requested, AutoTreeSpec) else None
     model, tokenizer, target_info = load_eval_target(target, dtype, drafters, target_model)
-    entries = build_entries(drafters, model, None if budget else tree, combined)
+    entries = build_entries(drafters, model, None if budget else requested, combined)
     configs = plan_configs(accept, temperatures)
-    settings = make_settings(model, tokenizer, entries, max_new_tokens, seed, top_k, top_p, typical_epsilon, typical_delta,
+    settings = eval_settings(model, tokenizer, entries, max_new_tokens, seed, top_k, top_p, typical_epsilon, typical_delta,
                              extra_nodes=max(budget + 1 + LOOKUP_DEPTH, COMB_WIDTH * COMB_DEPTH + 1) if budget else 1)
     conversations, skipped = load_conversations(prompts, limit, tokenizer, settings)
     if budget:
@@ -64,8 +78,6 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
         },
         **results_section(found, entries, conversations, skipped, rows),
     }
-    from draftheads.inference.plots import write_plots
-
     report["plots"] = write_plots(folder, rows) if rows else []
     write_report(folder, report)
     print(format_table(rows))
@@ -85,11 +97,8 @@ def results_section(found: Measurements, entries, conversations, skipped: dict, 
 
 
 def check_settings(accept, temperatures, max_new_tokens: int, limit) -> None:
-    from draftheads.inference.accept import RULES
-
     for rule in accept:
-        if rule not in RULES:
-            raise DraftheadsError(f"unknown acceptance rule '{rule}'; use greedy, strict or typical (comma-separated)")
+        check_rule(rule)
     if not accept or not temperatures:
         raise DraftheadsError("give at least one acceptance rule and one temperature")
     if any(t < 0 for t in temperatures):
@@ -107,13 +116,8 @@ def load_eval_target(spec: str | None, dtype: str, drafters: list[str], target_m
         model, tokenizer = target_model
         name = spec or getattr(model, "name_or_path", None) or type(model).__name__
     else:
-        from draftheads.training.target import load_target
-
         name = spec or saved_target_name(drafters) or "smollm2-135m"
         model, tokenizer = load_target(name, dtype=dtype)
-    from draftheads.heads.common import target_summary
-    from draftheads.training.hardware import dtype_name
-
     info = {**target_summary(model), "name": str(name), "dtype": dtype_name(model.dtype), "device": str(model.device),
             "attn_implementation": getattr(model.config, "_attn_implementation", None)}
     return model, tokenizer, info
@@ -127,10 +131,8 @@ def learned_paths(specs: list[str]) -> list[str]:
 
 def saved_target_name(drafters: list[str]) -> str | None:
     """The target a learned drafter was trained for, from its config.json."""
-    from draftheads.heads.native import CONFIG, resolve_drafter_folder
-
     for path in learned_paths(drafters):
-        saved = json.loads((resolve_drafter_folder(path) / CONFIG).read_text()).get("target") or {}
+        saved = read_config(resolve_drafter_folder(path)).get("target") or {}
         if saved.get("name"):
             return saved["name"]
     return None
@@ -139,21 +141,13 @@ def saved_target_name(drafters: list[str]) -> str | None:
 def saved_eval_settings(drafters: list[str]):
     """The eval: section of the recipe saved with the first learned drafter's run, else EvalConfig's defaults
     (prompt lookup only, a drafter folder without its run, a run whose recipe has no eval section)."""
-    from draftheads.config import build
-    from draftheads.heads.native import resolve_drafter_folder
-    from draftheads.recipe import EvalConfig
-
     paths = learned_paths(drafters)
     saved = run_recipe(resolve_drafter_folder(paths[0])) if paths else None
     return build(EvalConfig, saved["eval"], "eval") if saved and saved.get("eval") else EvalConfig()
 
 
-def build_entries(specs: list[str], model, tree: str | None, combined: bool) -> list[Entry]:
+def build_entries(specs: list[str], model, requested: Tree | DynamicTreeSpec | None, combined: bool) -> list[Entry]:
     """The prompt-lookup baseline first, then each learned drafter (and its combination with lookup)."""
-    try:
-        requested = parse_tree(tree)
-    except (ValueError, SyntaxError) as err:
-        raise DraftheadsError(f"bad tree '{tree}': {err}; use chain:K, dynamic:TOPK,DEPTH,TOTAL, static:PATHS or auto[:NODES]") from None
     lookup_tree = requested if isinstance(requested, Tree) else None
     entries = [lookup_entry(lookup_tree)]
     learned = {}
@@ -174,15 +168,11 @@ def build_entries(specs: list[str], model, tree: str | None, combined: bool) -> 
 def lookup_entry(tree: Tree | None) -> Entry:
     drafter = PromptLookupDrafter()
     used = tree or drafter.default_tree()
-    return Entry("prompt-lookup", "lookup", drafter, tree, tree_depth(used),
+    return Entry("prompt-lookup", "lookup", drafter, tree, used.depth,
                  {"tree": describe_tree(used), "max_ngram": drafter.max_ngram, "min_ngram": drafter.min_ngram})
 
 
 def learned_entry(path: str, model, tree, taken: list[str]) -> Entry:
-    from draftheads.api import load_drafter
-    from draftheads.config import to_dict
-    from draftheads.heads.native import resolve_drafter_folder
-
     folder = resolve_drafter_folder(path)
     drafter = load_drafter(folder, model)
     used = tree or drafter.default_tree()
@@ -193,14 +183,14 @@ def learned_entry(path: str, model, tree, taken: list[str]) -> Entry:
         name += "'"
     info = {"path": str(path), "folder": str(folder), "type": drafter.config.type, "head": to_dict(drafter.config),
             "tree": describe_tree(used), "recipe": run_recipe(folder)}
-    return Entry(name, "learned", drafter, tree, tree_depth(used), info)
+    return Entry(name, "learned", drafter, tree, used.depth, info, draft_limit=drafter.config.depth)
 
 
 def combined_entry(learned: Entry, name: str) -> Entry:
     drafter = CombinedDrafter(learned.drafter, lookup_depth=LOOKUP_DEPTH)
     info = {**learned.info, "combined_with": "prompt-lookup", "lookup_depth": drafter.lookup_depth,
             "tree": f"{learned.info['tree']} + lookup chain:{drafter.lookup_depth}"}
-    return Entry(name, "combined", drafter, learned.tree, learned.depth, info)
+    return Entry(name, "combined", drafter, learned.tree, learned.depth, info, draft_limit=learned.draft_limit)
 
 
 def drafter_name(folder: Path) -> str:
@@ -213,10 +203,8 @@ def drafter_name(folder: Path) -> str:
 
 def run_recipe(folder: Path) -> dict | None:
     """The resolved recipe saved with the run that produced this drafter (newest checkpoint's copy)."""
-    import yaml
-
     run = folder.resolve().parent.parent
-    copies = sorted(run.glob("step_*/recipe.yaml"))
+    copies = sorted(run.glob(f"step_*/{RECIPE_FILE}"))
     return yaml.safe_load(copies[-1].read_text()) if copies else None
 
 
@@ -226,17 +214,7 @@ def entry_info(entry: Entry) -> dict:
 
 # ---------------------------------------------------------------- automatic trees
 
-COMB_WIDTH, COMB_DEPTH, AUTO_BUDGET, CALIBRATION_PROMPTS, LOOKUP_DEPTH = 8, 6, 32, 4, 6
-
-
-def auto_budget(tree) -> int | None:
-    """Draft nodes of an automatic tree: 'auto' (32) or 'auto:N'; None for any other spec."""
-    if not isinstance(tree, str) or not tree.startswith("auto"):
-        return None
-    _, _, n = tree.partition(":")
-    if tree != "auto" and not (n.isdigit() and int(n) > 0):
-        raise DraftheadsError(f"bad tree '{tree}'; use auto or auto:NODES, e.g. auto:32")
-    return int(n) if n else AUTO_BUDGET
+COMB_WIDTH, COMB_DEPTH, CALIBRATION_PROMPTS, LOOKUP_DEPTH = 8, 6, 4, 6
 
 
 def comb_tree(width: int, depth: int) -> Tree:
@@ -244,19 +222,16 @@ def comb_tree(width: int, depth: int) -> Tree:
     return Tree.from_paths([(0,) * d + (r,) for d in range(depth) for r in range(width)])
 
 
-def fit_auto_trees(model, tokenizer, entries: list[Entry], conversations, settings: Settings, budget: int) -> None:
+def fit_auto_trees(model, tokenizer, entries: list[Entry], conversations, settings: EvalSettings, budget: int) -> None:
     """Give each learned drafter the static tree of `budget` nodes that maximises its expected accepted length,
     from per-depth, per-rank accuracies measured with greedy decoding on the first few prompts (Medusa's recipe).
     Combined drafters take their learned drafter's tree; prompt lookup keeps its chain."""
-    from draftheads.inference.auto_tree import auto_tree, expected_accepted
-    from draftheads.inference.measure import generate_conversation
-
     for entry in entries:
         if entry.kind != "learned":
             continue
         # Medusa and MTP cannot draft deeper than their heads / modules
-        comb = comb_tree(COMB_WIDTH, min(COMB_DEPTH, getattr(getattr(entry.drafter, "config", None), "depth", COMB_DEPTH)))
-        probe = Entry(entry.name, entry.kind, entry.drafter, comb, comb.max_depth)
+        comb = comb_tree(COMB_WIDTH, min(COMB_DEPTH, entry.draft_limit or COMB_DEPTH))
+        probe = Entry(entry.name, entry.kind, entry.drafter, comb, comb.depth)
         runs = [generate_conversation(model, tokenizer, c, probe, RunConfig("greedy", 0.0), settings)
                 for c in conversations[:CALIBRATION_PROMPTS]]
         table = [row + [0.0] * (COMB_WIDTH - len(row)) for row in GenerationStats.merged(r.stats for r in runs).rank_accuracy]
@@ -265,12 +240,11 @@ def fit_auto_trees(model, tokenizer, entries: list[Entry], conversations, settin
             note = f"auto:{budget} (expected {1 + expected_accepted(tree, table):.2f} tokens/forward)"
         except DraftheadsError:   # the drafter never matched the target on the calibration prompts
             tree, note = Tree.chain(1), f"auto:{budget} -> chain:1 (no draft matched during calibration)"
-        entry.tree, entry.depth = tree, tree.max_depth
+        entry.tree, entry.depth = tree, tree.depth
         entry.info.update(tree=f"{describe_tree(tree)} (auto)", auto_tree=note, accuracy_table=table, tree_paths=list(tree.paths))
     for entry in entries:
-        learned = getattr(entry.drafter, "learned", None)
         if entry.kind == "combined":
-            source = next(e for e in entries if e.kind == "learned" and e.drafter is learned)
+            source = next(e for e in entries if e.kind == "learned" and e.drafter is entry.drafter.learned)
             entry.tree, entry.depth = source.tree, source.depth
             entry.info.update(tree=f"{source.info['tree']} + lookup chain:{entry.drafter.lookup_depth}")
 
@@ -278,11 +252,9 @@ def fit_auto_trees(model, tokenizer, entries: list[Entry], conversations, settin
 # ---------------------------------------------------------------- prompts
 
 
-def make_settings(model, tokenizer, entries, max_new_tokens, seed, top_k, top_p, epsilon, delta, extra_nodes=1) -> Settings:
+def eval_settings(model, tokenizer, entries, max_new_tokens, seed, top_k, top_p, epsilon, delta, extra_nodes=1) -> EvalSettings:
     """Room for the longest conversation: the target's context minus the replies and the biggest draft tree."""
-    from draftheads.training.chat import stop_token_ids
-
-    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    text = text_config(model.config)
     context = getattr(text, "max_position_embeddings", None) or 1 << 20
     nodes = max([tree_nodes(e) for e in entries] + [extra_nodes])
     max_length = context - nodes - 1
@@ -290,20 +262,16 @@ def make_settings(model, tokenizer, entries, max_new_tokens, seed, top_k, top_p,
         raise DraftheadsError(f"max_new_tokens {max_new_tokens} plus a {nodes}-node draft tree do not fit the target's "
                               f"context of {context} tokens; lower max_new_tokens")
     stops = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
-    return Settings(max_new_tokens, max_length, stops, seed, top_k, top_p, epsilon, delta)
+    return EvalSettings(max_new_tokens, max_length, stops, seed, top_k, top_p, epsilon, delta)
 
 
 def tree_nodes(entry: Entry) -> int:
     tree = entry.tree if entry.tree is not None else entry.drafter.default_tree()
-    nodes = tree.total_tokens + 1 if isinstance(tree, DynamicTreeSpec) else tree.num_nodes
-    return nodes + (entry.drafter.lookup_depth if entry.kind == "combined" else 0)
+    return tree.num_nodes + (entry.drafter.lookup_depth if entry.kind == "combined" else 0)
 
 
-def load_conversations(source: str, limit: int | None, tokenizer, settings: Settings):
+def load_conversations(source: str, limit: int | None, tokenizer, settings: EvalSettings):
     """(conversations, skip reasons): prompts from humaneval / a file / a hub dataset, kept when they fit."""
-    from draftheads.recipe import PromptSource
-    from draftheads.training.prompts import load_source
-
     found = collections.Counter()
     prompts = load_source(PromptSource(source=source, limit=limit), found)[:limit]
     conversations, skipped = [], dict(found)

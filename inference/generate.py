@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
-from draftheads.errors import DraftheadsError
-from draftheads.inference.accept import RULES, accept
-from draftheads.inference.drafter import Drafter, Proposal
-from draftheads.inference.sampling import sample, top1, warp_probs
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.drafter import Drafter, Proposal
+from draftheads.core.sampling import sample, top1, warp_probs
+from draftheads.core.tree import AutoTreeSpec, DynamicTreeSpec, Tree, parse_tree
+from draftheads.inference.accept import accept, check_rule
 from draftheads.inference.stats import GenerationStats
-from draftheads.inference.tree import DynamicTreeSpec, Tree, parse_tree
 from draftheads.inference.verify import check_length, compact_cache, new_cache, prefill, verify
 
 ROOT_ONLY = Tree.from_paths([])
@@ -40,8 +40,8 @@ class GenerationResult:
 
 
 @dataclass(frozen=True)
-class Settings:
-    """How one generation samples and stops (validated by `make_settings`)."""
+class DecodeSettings:
+    """How one generation samples and stops (validated by `decode_settings`)."""
 
     rule: str = "greedy"
     temperature: float = 0.0
@@ -70,7 +70,7 @@ def clock(device: torch.device) -> float:
 class Decoder:
     """One generation in progress: `start(input_ids)`, then `step()` until `done`."""
 
-    def __init__(self, target, drafter: Drafter | None, tree: Tree | DynamicTreeSpec | None, settings: Settings,
+    def __init__(self, target, drafter: Drafter | None, tree: Tree | DynamicTreeSpec | None, settings: DecodeSettings,
                  generator: torch.Generator):
         self.target, self.drafter, self.settings, self.generator = target, drafter, settings, generator
         self.tree = ROOT_ONLY if drafter is None else tree
@@ -188,11 +188,10 @@ def speculative_generate(
     """
     t0 = time.perf_counter()
     input_ids = check_inputs(target, input_ids)
-    settings = make_settings(target, accept, temperature, top_k, top_p, max_new_tokens, eos_token_id,
-                             typical_epsilon, typical_delta)
+    settings = decode_settings(target, accept, temperature, top_k, top_p, max_new_tokens, eos_token_id,
+                               typical_epsilon, typical_delta)
     spec = resolve_tree(drafter, tree)
-    nodes = 1 if spec is None else spec.num_nodes if isinstance(spec, Tree) else spec.total_tokens + 1
-    check_length(target, input_ids.shape[1] + max_new_tokens + nodes)
+    check_length(target, input_ids.shape[1] + max_new_tokens + (1 if spec is None else spec.num_nodes))
     generator = torch.Generator(device=input_ids.device).manual_seed(seed)
     decoder = Decoder(target, drafter, spec, settings, generator)
     decoder.start(input_ids)
@@ -219,9 +218,8 @@ def check_inputs(target, input_ids) -> torch.Tensor:
     return ids.to(target.device)
 
 
-def make_settings(target, rule, temperature, top_k, top_p, max_new_tokens, eos_token_id, epsilon, delta) -> Settings:
-    if rule not in RULES:
-        raise DraftheadsError(f"unknown acceptance rule '{rule}'; use greedy, strict or typical")
+def decode_settings(target, rule, temperature, top_k, top_p, max_new_tokens, eos_token_id, epsilon, delta) -> DecodeSettings:
+    check_rule(rule)
     if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
         raise DraftheadsError(f"bad sampling settings temperature={temperature}, top_p={top_p}, top_k={top_k}; "
                               "need temperature >= 0, 0 < top_p <= 1, top_k >= 0")
@@ -229,7 +227,7 @@ def make_settings(target, rule, temperature, top_k, top_p, max_new_tokens, eos_t
         raise DraftheadsError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if epsilon <= 0 or delta <= 0:
         raise DraftheadsError(f"typical_epsilon and typical_delta must be positive, got {epsilon} and {delta}")
-    return Settings(rule, float(temperature), int(top_k), float(top_p), int(max_new_tokens),
+    return DecodeSettings(rule, float(temperature), int(top_k), float(top_p), int(max_new_tokens),
                     eos_ids(target, eos_token_id), float(epsilon), float(delta))
 
 
@@ -253,10 +251,9 @@ def resolve_tree(drafter, tree) -> Tree | DynamicTreeSpec | None:
         return None
     if not isinstance(drafter, Drafter):
         raise DraftheadsError(f"{type(drafter).__name__} is not a drafter (needs feature_layers, reset, observe, propose, default_tree)")
-    try:
-        spec = parse_tree(tree) if tree is not None else drafter.default_tree()
-    except ValueError as err:
-        raise DraftheadsError(str(err)) from None
+    spec = parse_tree(tree) if tree is not None else drafter.default_tree()
+    if isinstance(spec, AutoTreeSpec):
+        raise DraftheadsError("an auto tree is fitted to a drafter by draftheads eval; give chain:K, static:PATHS or dynamic:TOPK,DEPTH,TOTAL")
     if isinstance(spec, Tree) and spec.num_nodes == 1:
         raise DraftheadsError("the draft tree has no draft nodes; give chain:K with K >= 1 or some index paths")
     return spec

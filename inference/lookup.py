@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from draftheads.errors import DraftheadsError
-from draftheads.inference.drafter import Proposal
-from draftheads.inference.tree import DynamicTreeSpec, Tree
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.drafter import Proposal
+from draftheads.core.tree import DynamicTreeSpec, Tree
 
 
 class PromptLookupDrafter:
@@ -75,7 +75,7 @@ class PromptLookupDrafter:
         wanted = set(tree.paths)
         trie: dict[tuple[int, ...], int] = {}
         kids: dict[tuple[int, ...], dict[int, int]] = {}   # path -> {token: rank}
-        for follow in self.continuations(history, tree.max_depth):
+        for follow in self.continuations(history, tree.depth):
             path: tuple[int, ...] = ()
             for token in follow:
                 ranks = kids.setdefault(path, {})

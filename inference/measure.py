@@ -51,7 +51,8 @@ def plan_configs(rules, temperatures) -> list[RunConfig]:
 @dataclass
 class Entry:
     """A drafter under test. tree: what speculative_generate gets (None = the drafter's default);
-    depth: K of the chain formula (draft levels per step)."""
+    depth: K of the chain formula (draft levels per step); draft_limit: the deepest tree the drafter
+    can draft (Medusa's heads, MTP's modules; None: any)."""
 
     name: str
     kind: str  # 'lookup' | 'learned' | 'combined'
@@ -59,6 +60,7 @@ class Entry:
     tree: object
     depth: int
     info: dict = field(default_factory=dict)
+    draft_limit: int | None = None
 
 
 @dataclass
@@ -71,7 +73,7 @@ class Conversation:
 
 
 @dataclass
-class Settings:
+class EvalSettings:
     max_new_tokens: int
     max_length: int               # longest conversation (prompt + replies) in tokens
     stop_ids: list[int]
@@ -104,12 +106,12 @@ def reply_logprob(model, context: list[int], reply: list[int]) -> tuple[float, i
     return float(picked.sum()), len(reply)
 
 
-def first_chat(tokenizer, conv: Conversation, settings: Settings) -> Chat:
+def first_chat(tokenizer, conv: Conversation, settings: EvalSettings) -> Chat:
     return start_chat(tokenizer, conv.prompt_id, conv.users, conv.system, settings.max_length)
 
 
 def generate_conversation(model, tokenizer, conv: Conversation, entry: Entry | None, cfg: RunConfig,
-                          settings: Settings, logprob: bool = False, max_new_tokens: int | None = None) -> Output:
+                          settings: EvalSettings, logprob: bool = False, max_new_tokens: int | None = None) -> Output:
     """Answer every user turn of `conv` with `entry`'s drafter (None: plain decoding)."""
     chat = first_chat(tokenizer, conv, settings)
     out = Output([], GenerationStats())
@@ -151,7 +153,7 @@ def jobs_for(entries: list[Entry], configs: list[RunConfig]) -> dict[float, list
     return groups
 
 
-def warm_up(model, tokenizer, conv: Conversation, entries: list[Entry], settings: Settings) -> None:
+def warm_up(model, tokenizer, conv: Conversation, entries: list[Entry], settings: EvalSettings) -> None:
     """A few untimed tokens with each drafter, so one-off costs (allocations, kernels) stay out of the numbers."""
     cfg, first_turn = RunConfig("greedy", 0.0), Conversation(conv.prompt_id, conv.users[:1], conv.system)
     for entry in [None] + entries:
@@ -159,7 +161,7 @@ def warm_up(model, tokenizer, conv: Conversation, entries: list[Entry], settings
 
 
 def measure(model, tokenizer, conversations: list[Conversation], entries: list[Entry], configs: list[RunConfig],
-            settings: Settings, progress: bool = True) -> Measurements:
+            settings: EvalSettings, progress: bool = True) -> Measurements:
     """Run every conversation with plain decoding and every drafter x config, interleaved."""
     from tqdm.auto import tqdm
 

@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import collections
 import datetime
+import importlib.metadata as md
 import json
 import math
 import os
 import platform
 from pathlib import Path
 
+import torch
+
+from draftheads.core.tree import DynamicTreeSpec, Tree
 from draftheads.inference.stats import GenerationStats
-from draftheads.inference.tree import DynamicTreeSpec, Tree
+from draftheads.training.hardware import cpu_has_native_bf16
 
 TAU_NOTE = ("tau = mean tokens emitted per target verification forward, INCLUDING the bonus token the target "
             "produces itself (plain decoding has tau = 1; accepted drafts per forward = tau - 1)")
@@ -100,13 +104,9 @@ def describe_tree(tree) -> str:
         return f"dynamic:{tree.top_k},{tree.depth},{tree.total_tokens}"
     if isinstance(tree, Tree):
         if tree.is_chain:
-            return f"chain:{tree.max_depth}"
-        return f"static({tree.num_nodes - 1} nodes, depth {tree.max_depth})"
+            return f"chain:{tree.depth}"
+        return f"static({tree.num_nodes - 1} nodes, depth {tree.depth})"
     return str(tree)
-
-
-def tree_depth(tree) -> int:
-    return tree.depth if isinstance(tree, DynamicTreeSpec) else tree.max_depth
 
 
 # ---------------------------------------------------------------- environment
@@ -114,18 +114,12 @@ def tree_depth(tree) -> int:
 
 def environment() -> dict:
     """Library versions and hardware, for report.json."""
-    import importlib.metadata as md
-
-    import torch
-
     versions = {"python": platform.python_version()}
     for name in ("draftheads", "torch", "transformers", "accelerate", "datasets", "safetensors", "peft"):
         try:
             versions[name] = md.version(name)
         except md.PackageNotFoundError:
             versions[name] = None
-    from draftheads.training.hardware import cpu_has_native_bf16
-
     hardware = {"platform": platform.platform(), "machine": platform.machine(), "cpu": _cpu_model(),
                 "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                 "cpu_native_bf16": cpu_has_native_bf16(), "cuda": None}

@@ -52,7 +52,7 @@ class GenerationStats:
         self.step_nodes.append(tree.num_nodes)
         self.step_draft_s.append(draft_s)
         self.step_verify_s.append(verify_s)
-        depth = tree.max_depth
+        depth = tree.depth
         per_depth, reached, accepted = [0] * depth, [0] * depth, [0] * depth
         ranks = [[0] * (1 + max(tree.ranks[n] for n in range(tree.num_nodes) if tree.depths[n] == d + 1)) for d in range(depth)]
         for node in range(1, tree.num_nodes):
@@ -142,11 +142,6 @@ class GenerationStats:
     def tokens_per_s(self) -> float:
         """New tokens per second of total wall time (prefills included)."""
         return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        """Tokens emitted by verification steps per second of drafting + verification."""
-        return sum(self.step_emitted) / self.decode_s if self.decode_s > 0 else 0.0
 
     def summary(self) -> dict:
         """The headline numbers, JSON-ready."""

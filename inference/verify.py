@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from draftheads.errors import DraftheadsError
-from draftheads.inference.tree import Tree
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.tree import Tree
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 import pytest
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.errors import DraftheadsError
 from draftheads.recipe import bundled_recipes, load_recipe, recipe_from_dict
 from tests.fixtures import make_config
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from draftheads.inference.sampling import sample, top1, warp_probs
+from draftheads.core.sampling import sample, top1, warp_probs
+from draftheads.training.chat import add_reply, stop_token_ids, user_turn_prefix
 
 # Drop finished rows once this share of the live batch is done: pruning copies the cache,
 # so doing it every step would cost more than the wasted compute it saves.
@@ -99,8 +100,6 @@ class LocalBackend:
     """Answers chats and writes self prompts with the target in this process."""
 
     def __init__(self, model, tokenizer, data):
-        from draftheads.training.chat import stop_token_ids
-
         self.model, self.tokenizer, self.data = model, tokenizer, data
         self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
         pad = tokenizer.pad_token_id
@@ -112,8 +111,6 @@ class LocalBackend:
 
     def answer(self, chats: list, seed: int, on_batch=None) -> None:
         """Answer every open chat, turn by turn, in length-sorted batches (in place)."""
-        from draftheads.training.chat import add_reply
-
         data, generator = self.data, self._generator(seed)
         while True:
             todo = [c for c in chats if not c.done]
@@ -132,8 +129,6 @@ class LocalBackend:
 
     def write(self, count: int, max_tokens: int, temperature: float, seed: int, lead: str = "") -> list[tuple[str, bool]]:
         """Magpie: the template up to a user's words (and `lead`), and the target writes the rest of the message."""
-        from draftheads.training.chat import user_turn_prefix
-
         prefix = user_turn_prefix(self.tokenizer, self.data.system_prompt, lead)
         generator, texts = self._generator(seed), []
         for start in range(0, count, self.data.batch_size):

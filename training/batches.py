@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.errors import DraftheadsError
 
 COLUMNS = ("input_ids", "loss_mask")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.errors import DraftheadsError
 
 # Plain ASCII without edge whitespace, so templates that trim or escape content keep it intact.
 SENTINEL = "DraftheadsSentinel7f3a"

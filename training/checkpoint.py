@@ -6,50 +6,24 @@ A checkpoint folder holds:
   recipe.yaml          the resolved recipe
   trainer_state.json   step, data position, best metric, logged history
   COMPLETE             written last, inside the temporary folder, before the rename
-It is built in `step_000500.tmp/` and renamed into place, so a crash leaves either a complete
-checkpoint or a `.tmp` folder that resume skips (and the next save of that step replaces).
+It is built in `step_000500.tmp/` and renamed into place (core/folders.py), so a crash leaves either
+a complete checkpoint or a `.tmp` folder that resume skips (and the next save of that step replaces).
+The names of a run folder's parts are core/run_folder.py's.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 
 import yaml
 
-from draftheads.errors import DraftheadsError
-
-COMPLETE = "COMPLETE"
-STATE_FILE = "trainer_state.json"
-STEP_RE = re.compile(r"^step_(\d{6,})$")
-
-
-def step_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / f"step_{step:06d}"
-
-
-def is_complete(folder: Path) -> bool:
-    return STEP_RE.match(folder.name) is not None and (folder / COMPLETE).is_file() and (folder / STATE_FILE).is_file()
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        return []
-    found = [p for p in run_dir.iterdir() if p.is_dir() and is_complete(p)]
-    return sorted(found, key=lambda p: int(STEP_RE.match(p.name).group(1)))
-
-
-def incomplete_checkpoints(run_dir: Path) -> list[Path]:
-    """Half-written checkpoint folders (a crash during a save): skipped by resume."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        return []
-    return sorted(p for p in run_dir.iterdir() if p.is_dir() and p.name.startswith("step_") and not is_complete(p))
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.folders import publish, staging_folder, staging_path
+from draftheads.core.run_folder import COMPLETE, DRAFTER, RECIPE_FILE, STATE_FILE, list_checkpoints, step_dir
+from draftheads.interop.native import save_drafter
 
 
 def find_resume(run_dir: Path, resume: str) -> Path | None:
@@ -70,20 +44,17 @@ def find_resume(run_dir: Path, resume: str) -> Path | None:
 def save_checkpoint(accelerator, run_dir: Path, step: int, drafter, state: dict, recipe_dict: dict, target=None) -> Path:
     """Write step_NNNNNN/ atomically. Every process must call this (save_state stores each one's RNG)."""
     final = step_dir(run_dir, step)
-    tmp = final.with_name(final.name + ".tmp")
-    if accelerator.is_main_process and tmp.exists():
-        shutil.rmtree(tmp)  # left by a crash during an earlier save of this step
+    tmp = staging_path(final)
+    if accelerator.is_main_process:
+        staging_folder(final)  # removes what a crash during an earlier save of this step left
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp), safe_serialization=True)
     if accelerator.is_main_process:
-        write_drafter(drafter, tmp / "drafter", target, {"step": step})
-        write_recipe(tmp / "recipe.yaml", recipe_dict)
+        save_drafter(drafter, tmp / DRAFTER, target=target, extra={"step": step})
+        write_recipe(tmp / RECIPE_FILE, recipe_dict)
         write_json(tmp / STATE_FILE, state)
         (tmp / COMPLETE).write_text(f"step {step}\n")
-        _fsync_dir(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        publish(tmp, final)
     accelerator.wait_for_everyone()
     return final
 
@@ -107,32 +78,6 @@ def prune(run_dir: Path, keep_last: int, protect: int | None = None) -> list[Pat
     return removed
 
 
-def write_drafter(drafter, folder: Path, target=None, extra: dict | None = None) -> Path:
-    """The drafter in the native format (model.safetensors + config.json)."""
-    from draftheads.heads.native import save_drafter
-
-    save_drafter(drafter, folder, target=target, extra=extra)
-    return folder
-
-
-def replace_folder(build, final: Path) -> Path:
-    """Build a folder with build(tmp_path), then swap it in for `final` (old copy removed last)."""
-    final = Path(final)
-    tmp, old = final.with_name(final.name + ".tmp"), final.with_name(final.name + ".old")
-    for stale in (tmp, old):
-        if stale.exists():
-            shutil.rmtree(stale)
-    tmp.mkdir(parents=True)
-    build(tmp)
-    _fsync_dir(tmp)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old.exists():
-        shutil.rmtree(old)
-    return final
-
-
 def write_recipe(path: Path, recipe_dict: dict) -> None:
     """The resolved recipe as YAML that `load_recipe` reads back (derived values go in a comment)."""
     data = {k: v for k, v in recipe_dict.items() if k != "derived"}
@@ -146,10 +91,3 @@ def write_json(path: Path, data: dict) -> None:
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)
 
-
-def _fsync_dir(folder: Path) -> None:
-    """Flush file contents before the rename that publishes them (a power cut must not publish empty files)."""
-    for path in Path(folder).rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())

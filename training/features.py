@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.errors import DraftheadsError
+from draftheads.training.batches import collate
 
 SHARD_ROWS = 512
 STORAGE = {  # feature_dtype -> (torch dtype, numpy storage dtype, bytes per value)
@@ -208,8 +209,6 @@ def _take_shards(folder: Path, settings: str, digests: list[str]) -> int:
 
 
 def _write_shard(target, rowset, lengths, layers, folder, s, torch_dtype, np_dtype, dim, batch_size, device) -> None:
-    from draftheads.training.batches import collate
-
     rows = np.arange(s * SHARD_ROWS, min((s + 1) * SHARD_ROWS, len(lengths)))
     starts = _shard_offsets(lengths, s, SHARD_ROWS)
     tmp = folder / (shard_name(s) + ".tmp")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.errors import DraftheadsError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

@@ -15,17 +15,65 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.config import check, doc
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.folders import write_folder
+from draftheads.core.run_folder import BEST, DRAFTER, FINAL
+from draftheads.interop.native import save_drafter
 from draftheads.training import batches as B
 from draftheads.training import checkpoint as C
 from draftheads.training.features import target_features
 from draftheads.training.metrics import DepthStats, flat_metrics
 from draftheads.training.setup import Run, exportable_drafter, make_accelerator, release_accelerate_state, setup
 from draftheads.training.trackers import start_trackers
+
+
+@dataclass
+class TrainConfig:
+    """The Accelerate training loop (`draftheads train`)."""
+
+    output_dir: str | None = doc(None, "run folder (default runs/<name>)")
+    mode: Literal["online", "offline"] = doc("online", "'online': target forward every step; 'offline': features cached to disk once")
+    max_steps: int = doc(1000, "optimizer steps")
+    time_budget_minutes: float | None = doc(None, "the wall-clock budget this recipe is sized for on its stated hardware")
+    batch_size: int = doc(8, "sequences per micro-batch per process")
+    grad_accum: int = doc(1, "micro-batches per optimizer step")
+    max_length: int = doc(1024, "longest training sequence in tokens")
+    bucket_by_length: bool = doc(True, "batch rows of similar length together (less padding); rows never attend to each other")
+    lr: float = doc(3e-4, "AdamW learning rate")
+    weight_decay: float = doc(0.0, "AdamW weight decay")
+    betas: list[float] = doc([0.9, 0.95], "AdamW betas")
+    warmup_steps: int = doc(50, "linear warm-up steps")
+    schedule: Literal["cosine", "linear", "constant"] = doc("cosine", "learning-rate schedule after warm-up")
+    max_grad_norm: float = doc(1.0, "gradient clipping (0 = off)")
+    seed: int = doc(0, "seed for weights, data order and noise")
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] = doc("auto", "'auto': bf16 where the hardware has native bf16, else fp32")
+    eval_fraction: float = doc(0.05, "share of rows held out for evaluation")
+    eval_every: int = doc(200, "evaluate every N steps")
+    save_every: int = doc(500, "checkpoint every N steps")
+    keep_last: int = doc(2, "checkpoints kept (the best one is kept too)")
+    resume: str = doc("auto", "'auto' (newest complete checkpoint), 'never', or a checkpoint folder")
+    log_every: int = doc(10, "log metrics every N steps")
+    feature_dtype: Literal["bf16", "fp16", "fp32"] = doc("bf16", "offline mode: dtype of cached features (fp32 doubles the disk size)")
+    feature_cache: str | None = doc(None, "offline mode: feature cache folder (default <data folder>/features/<key>)")
+
+    def __post_init__(self):
+        check(self.lr > 0, f"train.lr must be positive, got {self.lr}")
+        for name in ("max_steps", "batch_size", "grad_accum", "max_length", "eval_every", "save_every", "log_every", "keep_last"):
+            check(getattr(self, name) > 0, f"train.{name} must be positive, got {getattr(self, name)}")
+        check(self.warmup_steps >= 0, f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+        check(self.weight_decay >= 0, f"train.weight_decay must be >= 0, got {self.weight_decay}")
+        check(self.max_grad_norm >= 0, f"train.max_grad_norm must be >= 0, got {self.max_grad_norm}")
+        check(0 <= self.eval_fraction < 1, f"train.eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), f"train.betas must be two numbers in [0, 1), got {self.betas}")
+        check(self.time_budget_minutes is None or self.time_budget_minutes > 0, "train.time_budget_minutes must be positive")
+
 
 
 def run_training(recipe, *, target=None, drafter=None, after_step=None) -> Path:
@@ -69,7 +117,7 @@ def with_features(run: Run, batch: dict) -> dict:
     """The batch on the device, with the target's features added in online mode."""
     device = run.accelerator.device
     batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-    if run.online and not run.target_runs_inside:
+    if run.online and not run.drafter.trains_target:
         batch["features"] = target_features(run.target, batch["input_ids"], batch["attention_mask"], run.drafter.feature_layers)
     return batch
 
@@ -223,7 +271,7 @@ def eval_and_keep_best(run: Run, depth: int, say) -> dict | None:
         state["best_metric"], state["best_step"] = summary["accept_len"], state["step"]
         drafter = exportable_drafter(run)
         if acc.is_main_process:
-            C.replace_folder(lambda tmp: write_best(run, drafter, tmp, entry), run.run_dir / "best")
+            write_folder(run.run_dir / BEST, lambda tmp: write_best(run, drafter, tmp, entry))
     acc.wait_for_everyone()
     accs = "/".join(f"{a:.3f}" for a in summary["acc"])
     say.write(f"eval {state['step']:>6} | loss {summary['loss']:.4f} | acc {accs} | accept {summary['accept_len']:.3f}"
@@ -232,7 +280,7 @@ def eval_and_keep_best(run: Run, depth: int, say) -> dict | None:
 
 
 def write_best(run: Run, drafter, folder: Path, entry: dict) -> None:
-    C.write_drafter(drafter, folder / "drafter", run.target, {"step": entry["step"], "eval": entry})
+    save_drafter(drafter, folder / DRAFTER, target=run.target, extra={"step": entry["step"], "eval": entry})
     C.write_json(folder / "metrics.json", entry)
 
 
@@ -261,16 +309,16 @@ def finish(run: Run, stopped_by: str, depth: int, clock: Clock) -> None:
     drafter = exportable_drafter(run)
     if acc.is_main_process:
         def build(tmp):
-            C.write_drafter(drafter, tmp / "drafter", run.target, {"step": state["step"], "eval": final_eval})
+            save_drafter(drafter, tmp / DRAFTER, target=run.target, extra={"step": state["step"], "eval": final_eval})
             C.write_json(tmp / "metrics.json", metrics)
-        C.replace_folder(build, run.run_dir / "final")
+        write_folder(run.run_dir / FINAL, build)
     acc.wait_for_everyone()
     if final_eval is not None:
         acc.print(f"draftheads: held-out top-1 accuracy of depth 1: {final_eval['acc'][0]:.3f} "
                   f"(all depths {'/'.join(f'{a:.3f}' for a in final_eval['acc'])}; simulated acceptance length "
                   f"{final_eval['accept_len']:.3f}; best {state['best_metric']:.3f} at step {state['best_step']})")
     acc.print(f"draftheads: {cfg.mode} training: {clock.tokens_per_second():,.0f} tokens/s over {state['step']} steps "
-              f"({stopped_by}); drafter in {run.run_dir / 'final' / 'drafter'}")
+              f"({stopped_by}); drafter in {run.run_dir / FINAL / DRAFTER}")
 
 
 class Say:

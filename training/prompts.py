@@ -15,9 +15,10 @@ import random
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.config import check, doc
+from draftheads.core.errors import DraftheadsError
 
 FORMATS = ("sharegpt", "messages", "turns", "alpaca", "prompt")
 # The column that tells each format apart, checked in this order.
@@ -36,6 +37,31 @@ class Prompt:
     system: str | None = None
     source: str = ""
     row: int = 0
+
+
+@dataclass
+class PromptSource:
+    """One source of prompts for data generation."""
+
+    source: str = doc("self", "'self' (the target writes prompts), 'humaneval', a hub dataset, or a local json/jsonl/parquet/csv file")
+    weight: float = doc(1.0, "relative share of the prompts drawn from this source")
+    split: str = doc("train", "dataset split")
+    subset: str | None = doc(None, "dataset configuration name")
+    format: Literal["auto", "sharegpt", "messages", "turns", "alpaca", "prompt"] = doc("auto", "chat format of the rows")
+    columns: dict[str, str] = doc({}, "column renames, e.g. {conversations: dialog}")
+    limit: int | None = doc(None, "use at most this many rows of the source")
+    temperature: float = doc(1.0, "'self' only: sampling temperature of the prompts the target writes")
+    max_tokens: int = doc(128, "'self' only: longest prompt the target writes, in tokens (longer ones are cut back to their "
+                                      "last full sentence, or dropped if they have none)")
+    starts_with: str = doc("", "'self' only: words every prompt begins with, steering the topic (e.g. 'Write a Python function')")
+
+    def __post_init__(self):
+        check(self.weight > 0, f"data.prompts: weight must be positive, got {self.weight}")
+        check(self.limit is None or self.limit > 0, f"data.prompts: limit must be positive, got {self.limit}")
+        check(self.temperature > 0, f"data.prompts: temperature must be > 0 (greedy would write one prompt over and over), got {self.temperature}")
+        check(self.max_tokens > 0, f"data.prompts: max_tokens must be positive, got {self.max_tokens}")
+        check(not self.starts_with or self.source == "self", f"data.prompts: starts_with only applies to source 'self', not '{self.source}'")
+        check(self.starts_with == self.starts_with.rstrip(), "data.prompts: starts_with must not end with a space (the target writes the next word with its own space)")
 
 
 # ---------------------------------------------------------------- formats

@@ -14,12 +14,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from draftheads.config import to_dict
-from draftheads.errors import DraftheadsError
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.run_folder import COMPLETE, incomplete_checkpoints
+from draftheads.heads.factory import bound_drafter, drafter_class, new_drafter
+from draftheads.interop.load import load_drafter
 from draftheads.training import batches as B
 from draftheads.training import checkpoint as C
 from draftheads.training.features import build_feature_cache, cache_key
 from draftheads.training.hardware import resolve_dtype
+from draftheads.training.target import load_target
 from draftheads.training.trackers import check_trackers, prepare_environment
 
 
@@ -34,32 +37,27 @@ class DraftLoss(torch.nn.Module):
         return self.drafter.training_loss(batch)
 
     def state_dict(self, *args, destination=None, prefix="", keep_vars=False):
-        """What training changes, for accelerate's checkpoints. A Medusa-2 drafter holds its whole target (a
-        submodule under the LoRA adapter); its frozen weights come from the target on resume and would
-        otherwise be copied into every checkpoint (14 GB each for a 7B target)."""
+        """What training changes, for accelerate's checkpoints: never a frozen parameter. A Medusa-2 drafter
+        holds its whole target (a submodule under the LoRA adapter), whose frozen weights come from the
+        target on resume and would otherwise be copied into every checkpoint (14 GB each for a 7B target)."""
         state = super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
-        for key in self.frozen_target_keys(prefix) & state.keys():
+        for key in self.frozen_keys(prefix) & state.keys():
             del state[key]
         return state
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """Loads a checkpoint written by `state_dict`: the frozen target weights it leaves out are not missing."""
+        """Loads a checkpoint written by `state_dict`: the frozen weights it leaves out are not missing."""
         result = super().load_state_dict(state_dict, strict=False, assign=assign)
-        frozen = self.frozen_target_keys()
+        frozen = self.frozen_keys()
         result.missing_keys[:] = [k for k in result.missing_keys if k not in frozen]
         if strict and (result.missing_keys or result.unexpected_keys):
             raise RuntimeError(f"checkpoint does not fit the drafter: missing {result.missing_keys[:3]}, "
                                f"unexpected {result.unexpected_keys[:3]}")
         return result
 
-    def frozen_target_keys(self, prefix: str = "") -> set[str]:
-        """State-dict keys of the target's frozen weights, when the drafter holds the target (Medusa-2)."""
-        target = self.drafter._modules.get("target")
-        if target is None:
-            return set()
-        inside = prefix + "drafter.target."
-        trainable = {name for name, p in target.named_parameters() if p.requires_grad}
-        return {inside + name for name in target.state_dict(keep_vars=True) if name not in trainable}
+    def frozen_keys(self, prefix: str = "") -> set[str]:
+        """State-dict keys of parameters that do not train (the target's, inside a Medusa-2 drafter)."""
+        return {prefix + name for name, p in self.named_parameters() if not p.requires_grad}
 
 
 @dataclass
@@ -84,10 +82,6 @@ class Run:
     def online(self) -> bool:
         return self.rows.features is None
 
-    @property
-    def target_runs_inside(self) -> bool:
-        """Medusa-2 trains LoRA on the target: the drafter runs the target itself, with gradients."""
-        return bool(getattr(self.drafter, "needs_target_grad", False))
 
 
 def release_accelerate_state() -> None:
@@ -124,7 +118,7 @@ def setup(recipe, accelerator, target=None, drafter=None) -> Run:
     from accelerate.utils import set_seed
 
     cfg = recipe.train
-    if cfg.mode == "offline" and getattr(recipe.head, "medusa2", False):
+    if cfg.mode == "offline" and drafter_class(recipe.head).trains_target:
         raise DraftheadsError("head.medusa2 trains LoRA on the target, so it cannot use cached features; set train.mode=online")
     model = _target_model(recipe, accelerator, target)
     recipe.resolve(model.config)
@@ -133,7 +127,7 @@ def setup(recipe, accelerator, target=None, drafter=None) -> Run:
     lengths = B.row_lengths(rows, cfg.max_length)
     train_idx, eval_idx = B.split_rows(len(rows), cfg.eval_fraction, cfg.seed)
     if drafter is None:
-        drafter = make_drafter(recipe, model, rows, train_idx)
+        drafter = initial_drafter(recipe, model, rows, train_idx)
     drafter.to(device=accelerator.device, dtype=torch.float32)  # fp32 master weights; autocast does bf16/fp16
     rowset = make_rowset(recipe, accelerator, model, drafter, rows, lengths)
     optimizer = make_optimizer(drafter, cfg)
@@ -149,8 +143,6 @@ def setup(recipe, accelerator, target=None, drafter=None) -> Run:
 
 
 def _target_model(recipe, accelerator, target):
-    from draftheads.training.target import load_target
-
     if target is not None:
         model = target[0] if isinstance(target, (tuple, list)) else target
         return model.to(accelerator.device)
@@ -161,19 +153,16 @@ def _target_model(recipe, accelerator, target):
     return model
 
 
-def make_drafter(recipe, model, rows, train_idx):
-    """A new drafter from recipe.head (EAGLE-3: with its draft vocabulary), or head.init_from's weights."""
-    from draftheads.api import build_drafter, load_drafter
-
+def initial_drafter(recipe, model, rows, train_idx):
+    """A new drafter from recipe.head (with a draft vocabulary: the most frequent trained tokens), or head.init_from's."""
     head = recipe.head
     if head.init_from:
         drafter = load_drafter(head.init_from, model)
         if drafter.config.type != head.type:
             raise DraftheadsError(f"head.init_from '{head.init_from}' holds a {drafter.config.type} drafter but head.type is {head.type}")
         return drafter
-    cfg = {k: v for k, v in to_dict(head).items() if k != "type"}
-    drafter = build_drafter(head.type, model, **cfg)
-    if getattr(drafter, "has_draft_vocab", False):
+    drafter = bound_drafter(head, model)
+    if drafter.vocab.restricted:
         vocab = recipe.derived["vocab_size"]
         drafter.set_draft_vocab(B.loss_token_counts(rows, train_idx, recipe.train.max_length, vocab))
     return drafter
@@ -184,8 +173,9 @@ def make_rowset(recipe, accelerator, model, drafter, rows, lengths) -> B.RowSet:
     cfg = recipe.train
     if cfg.mode == "online":
         return B.RowSet(rows, cfg.max_length)
-    if getattr(drafter, "needs_target_grad", False):
-        raise DraftheadsError("this drafter trains the target itself, so it cannot use cached features; set train.mode=online")
+    if drafter.trains_target:
+        raise DraftheadsError("this drafter trains the target itself (head.medusa2: LoRA on the target), so it cannot use "
+                              "cached features; set train.mode=online")
     layers = tuple(drafter.feature_layers)
     folder = Path(cfg.feature_cache) if cfg.feature_cache else (
         recipe.data_dir / "features" / cache_key(model, layers, cfg.max_length, cfg.feature_dtype, rows, lengths))
@@ -197,8 +187,7 @@ def make_rowset(recipe, accelerator, model, drafter, rows, lengths) -> B.RowSet:
 
 
 def make_optimizer(drafter, cfg) -> torch.optim.Optimizer:
-    groups = drafter.param_groups(cfg.lr) if hasattr(drafter, "param_groups") else [
-        {"params": [p for p in drafter.parameters() if p.requires_grad]}]
+    groups = drafter.param_groups(cfg.lr)
     if not any(p.requires_grad for g in groups for p in g["params"]):
         raise DraftheadsError("the drafter has no trainable parameters; check the head configuration")
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
@@ -222,8 +211,8 @@ def new_state() -> dict:
 
 def resume(run: Run) -> None:
     cfg, acc = run.recipe.train, run.accelerator
-    for folder in C.incomplete_checkpoints(run.run_dir):
-        acc.print(f"draftheads: skipping half-written checkpoint {folder} (no {C.COMPLETE} marker)")
+    for folder in incomplete_checkpoints(run.run_dir):
+        acc.print(f"draftheads: skipping half-written checkpoint {folder} (no {COMPLETE} marker)")
     folder = C.find_resume(run.run_dir, cfg.resume)
     if folder is not None:
         run.state = C.load_checkpoint(acc, folder)
@@ -251,6 +240,6 @@ def exportable_drafter(run: Run):
     state = acc.get_state_dict(run.module)  # full tensors, on the main process only
     if not acc.is_main_process:
         return None
-    copy = type(run.drafter).from_target(run.target.config, run.drafter.config).bind(run.target)
+    copy = new_drafter(run.drafter.config, run.target.config).bind(run.target)
     copy.load_state_dict({k.removeprefix("drafter."): v for k, v in state.items()}, strict=False)
     return copy

@@ -3,13 +3,34 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.config import check, doc
+from draftheads.core.errors import DraftheadsError
 from draftheads.training.embedded import ALIASES, embedded_checkpoint
 from draftheads.training.hardware import resolve_device, resolve_dtype
+
+
+@dataclass
+class TargetConfig:
+    """The frozen target model."""
+
+    name: str = doc("smollm2-135m", "hub id, local folder, .gguf file, or the embedded alias 'smollm2-135m'")
+    revision: str | None = doc(None, "hub revision (branch, tag or commit)")
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] = doc("auto", "'auto': bf16 where the hardware has native bf16, else fp32")
+    device: str = doc("auto", "'auto' (cuda if present, else cpu), 'cpu', 'cuda', 'cuda:N' or 'mps'")
+    trust_remote_code: bool = doc(False, "allow custom modeling code from the hub (off unless you trust it)")
+    chat_template: str | None = doc(None, "Jinja chat template, or a path to a .jinja file, for tokenizers without one")
+    attn_implementation: Literal["sdpa", "eager"] = doc("sdpa", "attention kernel of the target")
+
+    def __post_init__(self):
+        check(bool(self.name.strip()), "target.name is empty; give a hub id, a local folder, a .gguf file or 'smollm2-135m'")
+        check(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"),
+              f"target.device '{self.device}' is not one of auto, cpu, cuda, cuda:N, mps")
 
 
 def locate(spec: str) -> tuple[str, dict]:
@@ -35,7 +56,7 @@ def load_target_config(spec: str, revision: str | None = None, trust_remote_code
     from transformers import AutoConfig
 
     where, extra = locate(spec)
-    return _from_hub(AutoConfig.from_pretrained, spec, where, revision=revision, trust_remote_code=trust_remote_code, **extra)
+    return from_hub(AutoConfig.from_pretrained, spec, where, revision=revision, trust_remote_code=trust_remote_code, **extra)
 
 
 def load_target(
@@ -59,9 +80,9 @@ def load_target(
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     common = dict(revision=revision, trust_remote_code=trust_remote_code, **extra)
-    tokenizer = _from_hub(AutoTokenizer.from_pretrained, spec, where, **common)
+    tokenizer = from_hub(AutoTokenizer.from_pretrained, spec, where, **common)
     attach_chat_template(tokenizer, chat_template, spec)
-    model = _from_hub(
+    model = from_hub(
         AutoModelForCausalLM.from_pretrained, spec, where, dtype=torch_dtype, attn_implementation=attn_implementation, **common
     )
     model.to(torch_device)
@@ -89,7 +110,7 @@ def attach_chat_template(tokenizer, chat_template: str | None, spec: str = "the 
         )
 
 
-def _from_hub(loader, spec: str, where: str, **kwargs):
+def from_hub(loader, spec: str, where: str, **kwargs):
     """Call a from_pretrained, turning download/lookup failures into one-line errors."""
     try:
         return loader(where, **kwargs)

@@ -8,11 +8,27 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.config import check, doc, suggest
+from draftheads.core.errors import DraftheadsError
 
-PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard", "trackio": "trackio"}
+PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard", "trackio": "trackio"}  # tracker -> the package it needs
+
+
+@dataclass
+class LogConfig:
+    """Experiment tracking (never requires an account)."""
+
+    trackers: list[str] = doc(["tensorboard"], "any of wandb, tensorboard, trackio")
+    project: str = doc("draftheads", "project name in the trackers")
+    wandb_mode: Literal["offline", "online"] = doc("offline", "wandb stays offline unless set to online")
+
+    def __post_init__(self):
+        for t in self.trackers:
+            check(t in PACKAGES, f"log.trackers: unknown tracker '{t}'{suggest(t, PACKAGES)}; use any of {', '.join(PACKAGES)}")
 
 
 def check_trackers(names: list[str]) -> list[str]:

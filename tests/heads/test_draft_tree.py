@@ -5,8 +5,8 @@ import torch
 from draftheads.heads.draft_tree import (
     Sampling, child_distribution, draft_dynamic, draft_static, forest_to_tree, grow_dynamic, select_nodes,
 )
-from draftheads.inference.sampling import warp_probs
-from draftheads.inference.tree import DynamicTreeSpec, Tree
+from draftheads.core.sampling import warp_probs
+from draftheads.core.tree import DynamicTreeSpec, Tree
 
 VOCAB = 12
 

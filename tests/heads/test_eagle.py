@@ -4,12 +4,13 @@ checked against recomputing every chain from scratch without a cache."""
 import pytest
 import torch
 
-from draftheads.config import build, to_dict
-from draftheads.errors import DraftheadsError
-from draftheads.heads import HEAD_CONFIGS
+from draftheads.core.config import build, to_dict
+from draftheads.core.errors import DraftheadsError
+from draftheads.heads.draft_layer import unroll
+from draftheads.heads.factory import HEAD_CONFIGS, new_drafter
 from draftheads.heads.common import decoder_layer_class, shift_mask
-from draftheads.heads.eagle import EagleConfig, EagleDrafter
-from draftheads.inference.tree import DynamicTreeSpec, Tree
+from draftheads.heads.eagle import EagleConfig
+from draftheads.core.tree import DynamicTreeSpec, Tree
 from tests.heads.batches import train_steps
 
 STATIC_TREE = Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (0, 0, 0, 0)])
@@ -28,7 +29,7 @@ def make_drafter(target, eagle3=False, **overrides):
         overrides.setdefault("draft_vocab_size", 200)
     cfg = EagleConfig(eagle3=eagle3 is True, **overrides)
     torch.manual_seed(1)
-    drafter = EagleDrafter.from_target(target.config, cfg).bind(target)
+    drafter = new_drafter(cfg, target.config).bind(target)
     if eagle3:
         drafter.set_draft_vocab(torch.arange(target.config.vocab_size).flip(0) % 97)
     return drafter.eval()
@@ -52,15 +53,15 @@ def make_batch(target, drafter, b=2, s=24, seed=0, generated=False):
 def reference_logits(drafter, features, next_tokens, path):
     """Children logits of the node reached by drafting `path` after the pending token, recomputed
     without cache or tree mask: plain causal forwards over [prefix; chain], one per depth."""
-    carry, tokens = drafter._initial_carry(features), next_tokens
+    carry, tokens = drafter.initial_carry(features), next_tokens
     for token in [None, *path]:
         if token is not None:
             carry = torch.cat([carry, out[:, -1:]], dim=1)
             tokens = torch.cat([tokens, token.view(1, 1)], dim=1)
         n = tokens.shape[1]
         causal = torch.ones(n, n, dtype=torch.bool).tril()[None]
-        out = drafter._forward(carry, tokens, torch.arange(n)[None], causal)
-    return drafter._vocab_logits(out[:, -1])[0]
+        out = drafter.forward_layer(carry, tokens, torch.arange(n)[None], causal)
+    return drafter.vocab_logits(out[:, -1])[0]
 
 
 @pytest.mark.parametrize("eagle3", KINDS, ids=KIND_IDS)
@@ -75,7 +76,7 @@ def test_from_target_wiring(tiny_target, eagle3):
         assert set(drafter.state_dict()) == set(make_drafter(tiny_target).state_dict()) | {"d2t", "t2d"}
         out = torch.randn(3, hidden)
         full = tiny_target.lm_head(out).float()
-        got = drafter._vocab_logits(out)
+        got = drafter.vocab_logits(out)
         torch.testing.assert_close(got[:, drafter.t2d], full[:, drafter.t2d])
         assert torch.isneginf(got[:, ~drafter.t2d]).all()
     if eagle3 is True:
@@ -125,13 +126,13 @@ def test_unroll_matches_drafting_with_true_tokens(llama_target, eagle3):
     batch = make_batch(llama_target, drafter, b=1, s=12)
     ids, feats = batch["input_ids"], batch["features"]
     with torch.no_grad():
-        outs = list(drafter.unroll(feats, ids))
+        outs = list(unroll(drafter, feats, ids))
         for step, out in enumerate(outs):
             for p in (step, 5, 9):
                 anchor = p - step
                 path = ids[0, anchor + 2 : anchor + 2 + step]
                 want = reference_logits(drafter, feats[:, : anchor + 1], ids[:, 1 : anchor + 2], path)
-                got = drafter._vocab_logits(out[0, p])
+                got = drafter.vocab_logits(out[0, p])
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -194,7 +195,7 @@ def test_dynamic_tree(llama_target, eagle3):
     proposal = drafter.propose(spec)
     tree, tokens = proposal.tree, proposal.tokens
     assert tree.num_nodes == spec.total_tokens + 1 and tokens.shape == (1, tree.num_nodes)
-    assert tree.max_depth <= spec.depth
+    assert tree.depth <= spec.depth
     assert list(tree.paths) == sorted(tree.paths, key=lambda p: (len(p), p))
     assert all(p[:-1] in set(tree.paths) | {()} for p in tree.paths)  # parents kept
     score = [0.0] * tree.num_nodes
@@ -216,9 +217,9 @@ def test_set_draft_vocab_picks_most_frequent(llama_target):
     counts = torch.zeros(vocab, dtype=torch.long)
     counts[[40, 7, 300, 12, 99, 150]] = torch.tensor([9, 9, 50, 3, 3, 3])  # ties broken by lower id
     drafter.set_draft_vocab(counts)
-    assert drafter.draft_ids.tolist() == [7, 12, 40, 99, 300]
-    assert torch.equal(drafter.t2d.nonzero().flatten(), drafter.draft_ids)
-    assert drafter.t2d.sum() == 5 and torch.equal(drafter.draft_ids - torch.arange(5), drafter.d2t)
+    assert drafter.vocab.ids.tolist() == [7, 12, 40, 99, 300]
+    assert torch.equal(drafter.t2d.nonzero().flatten(), drafter.vocab.ids)
+    assert drafter.t2d.sum() == 5 and torch.equal(drafter.vocab.ids - torch.arange(5), drafter.d2t)
     torch.testing.assert_close(drafter.lm_head.weight, llama_target.lm_head.weight[[7, 12, 40, 99, 300]])
     feats, _ = observe_prompt(llama_target, drafter)
     proposal = drafter.propose(STATIC_TREE, temperature=0.7, generator=torch.Generator().manual_seed(0))
@@ -228,7 +229,7 @@ def test_set_draft_vocab_picks_most_frequent(llama_target):
         make_drafter(llama_target).set_draft_vocab(counts)
     eagle1 = make_drafter(llama_target, eagle3="vocab", draft_vocab_size=5)
     eagle1.set_draft_vocab(counts)
-    assert eagle1.draft_ids.tolist() == [7, 12, 40, 99, 300]
+    assert eagle1.vocab.ids.tolist() == [7, 12, 40, 99, 300]
     observe_prompt(llama_target, eagle1)
     assert eagle1.t2d[eagle1.propose(STATIC_TREE).tokens[0, 1:]].all()
 

@@ -5,9 +5,9 @@ import torch
 import torch.nn.functional as F
 
 import draftheads
-from draftheads.errors import DraftheadsError
-from draftheads.inference.sampling import warp_probs
-from draftheads.inference.tree import DynamicTreeSpec, Tree
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.sampling import warp_probs
+from draftheads.core.tree import DynamicTreeSpec, Tree
 from tests.heads.batches import make_batch, perturb, target_features
 
 
@@ -90,7 +90,7 @@ def test_greedy_proposal_takes_each_heads_rank_r_token(llama_target):
     perturb(drafter, scale=0.3)
     feature, pending = _observed(drafter, llama_target)
     tree = drafter.default_tree()
-    assert 40 <= tree.num_nodes <= 60 and tree.max_depth == 4
+    assert 40 <= tree.num_nodes <= 60 and tree.depth == 4
     proposal = drafter.propose(tree)
     assert proposal.tree is tree and proposal.q is None
     assert proposal.tokens[:, 0].tolist() == pending.tolist()
@@ -154,8 +154,8 @@ def test_rejects_dynamic_trees_too_deep_trees_and_proposing_before_observing(lla
         drafter.propose(DynamicTreeSpec(4, 3, 20))
     with pytest.raises(DraftheadsError, match="exceeds"):
         drafter.propose(Tree.chain(3))
-    assert drafter.default_tree().max_depth == 2
-    assert drafter.propose("chain:2").tree.paths == ((0,), (0, 0)) and drafter.propose(None).tree.max_depth == 2
+    assert drafter.default_tree().depth == 2
+    assert drafter.propose("chain:2").tree.paths == ((0,), (0, 0)) and drafter.propose(None).tree.depth == 2
 
 
 def test_own_lm_head_is_copied_once_and_never_overwritten_by_a_later_bind(llama_target):
@@ -217,7 +217,7 @@ def test_own_lm_heads_over_a_draft_vocabulary_start_as_the_targets_rows_for_it(l
     unbound = draftheads.heads.medusa.MedusaDrafter.from_target(llama_target.config, own.config)
     unbound.set_draft_vocab(counts)
     unbound.bind(llama_target)  # not bound when chosen: bind copies them
-    rows = llama_target.get_output_embeddings().weight[shared.draft_ids]
+    rows = llama_target.get_output_embeddings().weight[shared.vocab.ids]
     for drafter in (own, unbound):
         assert all(torch.equal(head.weight, rows) for head in drafter.lm_heads)
     feature, _ = _observed(own, llama_target)
@@ -245,7 +245,7 @@ def test_soft_labels_are_the_targets_own_distribution_of_each_predicted_token(ll
     if layout == "packed":
         batch["position_ids"] = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 6, 7]] * 2)
     loss, metrics = drafter.training_loss(batch)
-    columns = drafter.draft_ids if narrow else slice(None)
+    columns = drafter.vocab.ids if narrow else slice(None)
     with torch.no_grad():
         target_logits = llama_target(batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     ids, att, lm, feats = batch["input_ids"], batch["attention_mask"], batch["loss_mask"], batch["features"]

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 import draftheads
-from draftheads.errors import DraftheadsError
-from draftheads.heads.native import save_drafter
+from draftheads.core.errors import DraftheadsError
+from draftheads.interop.native import save_drafter
 from tests.fixtures import make_target
 from tests.heads.batches import make_batch, perturb
 
@@ -22,14 +22,14 @@ def _batch(target):
 def test_kl_loss_is_zero_for_a_fresh_adapter_and_heads_see_the_targets_features():
     target = make_target("llama")
     drafter = draftheads.build_drafter("medusa", target, num_heads=2, medusa2_loss="kl", **LORA)
-    assert drafter.needs_target_grad
-    perturb(drafter.heads)  # LoRA B stays zero: the adapted target equals the original
+    assert drafter.trains_target
+    perturb(drafter.medusa.heads)  # LoRA B stays zero: the adapted target equals the original
     batch = _batch(target)
     loss, metrics = drafter.training_loss(batch)
     assert float(metrics["target_loss_sum"]) == pytest.approx(0.0, abs=1e-5)
     with torch.no_grad(), drafter.adapted_target().disable_adapter():
         features = target(batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True).hidden_states[-1]
-    heads_loss, head_metrics = drafter.heads_loss(features, batch)
+    heads_loss, head_metrics = drafter.medusa.heads_loss(features, batch)
     torch.testing.assert_close(loss, 0.2 * heads_loss, rtol=1e-5, atol=1e-6)
     assert metrics["total"].tolist() == head_metrics["total"].tolist()
 
@@ -52,7 +52,7 @@ def test_a_training_step_moves_the_adapter_and_heads_but_never_the_base_weights(
     drafter = draftheads.build_drafter("medusa", target, num_heads=2, **LORA)
     base = {k: v.clone() for k, v in target.state_dict().items() if "lora_" not in k}
     lora = {k: v.clone() for k, v in target.state_dict().items() if "lora_B" in k}
-    heads = drafter.heads[0][0].linear.weight.clone()
+    heads = drafter.medusa.heads[0][0].linear.weight.clone()
     groups = drafter.param_groups(1e-2)
     assert [g["lr"] for g in groups] == [4e-2, 1e-2]
     optimizer = torch.optim.AdamW(groups)
@@ -62,7 +62,7 @@ def test_a_training_step_moves_the_adapter_and_heads_but_never_the_base_weights(
     after = target.state_dict()
     assert all(torch.equal(after[k], v) for k, v in base.items())
     assert all(not torch.equal(after[k], v) for k, v in lora.items())
-    assert not torch.equal(drafter.heads[0][0].linear.weight, heads)
+    assert not torch.equal(drafter.medusa.heads[0][0].linear.weight, heads)
 
 
 def test_native_round_trip_restores_heads_and_adapter(tmp_path):

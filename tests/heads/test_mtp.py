@@ -4,12 +4,12 @@ plain (training-time) forward over the sequence extended by each drafted path.""
 import pytest
 import torch
 
-from draftheads.config import build, to_dict
-from draftheads.errors import DraftheadsError
-from draftheads.heads import HEAD_CONFIGS
+from draftheads.core.config import build, to_dict
+from draftheads.core.errors import DraftheadsError
+from draftheads.heads.factory import HEAD_CONFIGS
 from draftheads.heads.mtp import MTPConfig, MTPDrafter
-from draftheads.inference.sampling import warp_probs
-from draftheads.inference.tree import DynamicTreeSpec, Tree
+from draftheads.core.sampling import warp_probs
+from draftheads.core.tree import DynamicTreeSpec, Tree
 from tests.heads.batches import train_steps
 
 TREE = Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (1, 0, 0)])
@@ -40,7 +40,7 @@ def reference_logits(drafter, h0, next_tokens, path):
     ids = torch.cat([torch.zeros(1, 1, dtype=torch.long), next_tokens, path.view(1, -1)], dim=1)
     padded = torch.cat([h0, h0.new_zeros(1, len(path), h0.shape[-1])], dim=1)  # never seen by position n-1
     outs = drafter.forward_modules(padded, ids[:, : n + 1 + len(path)])
-    return drafter._vocab_logits(outs[len(path)][0, n - 1])
+    return drafter.vocab_logits(outs[len(path)][0, n - 1])
 
 
 def test_config_round_trip():
@@ -122,7 +122,7 @@ def test_dynamic_tree_and_depth_limit(llama_target):
     batch = make_batch(llama_target, b=1, s=11)
     drafter.observe(batch["features"][:, :10], batch["input_ids"][:, 1:])
     proposal = drafter.propose(DynamicTreeSpec(top_k=3, depth=2, total_tokens=6))
-    assert proposal.tree.num_nodes == 7 and proposal.tree.max_depth <= 2
+    assert proposal.tree.num_nodes == 7 and proposal.tree.depth <= 2
     assert drafter.default_tree().paths == Tree.chain(2).paths
     with pytest.raises(DraftheadsError, match="head.depth=2"):
         drafter.propose(Tree.chain(3))
@@ -149,7 +149,7 @@ def test_draft_vocabulary(llama_target):
     narrow.set_draft_vocab(counts)
     assert set(batch["input_ids"].unique().tolist()) <= set(narrow.d2t.new_tensor(range(50)).add(narrow.d2t).tolist())
     hidden = torch.randn(3, llama_target.config.hidden_size)
-    wide = narrow._vocab_logits(hidden)
+    wide = narrow.vocab_logits(hidden)
     torch.testing.assert_close(wide[:, narrow.t2d], full._logits(hidden)[:, narrow.t2d])
     assert torch.isneginf(wide[:, ~narrow.t2d]).all()
     _, metrics = narrow.training_loss(batch)
@@ -179,7 +179,7 @@ def test_soft_labels_are_the_targets_distribution_of_each_predicted_token(llama_
     if vocab:
         drafter.set_draft_vocab(torch.bincount(batch["input_ids"].flatten(), minlength=llama_target.config.vocab_size))
     loss, metrics = drafter.training_loss(batch)
-    columns = drafter.draft_ids if vocab else slice(None)
+    columns = drafter.vocab.ids if vocab else slice(None)
     with torch.no_grad():
         target_logits = llama_target(batch["input_ids"]).logits[..., columns].float()
         outs = drafter.forward_modules(batch["features"], batch["input_ids"])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from draftheads.inference.drafter import Proposal
-from draftheads.inference.sampling import pick_children, warp_probs
-from draftheads.inference.tree import Tree
+from draftheads.core.drafter import Proposal
+from draftheads.core.sampling import pick_children, warp_probs
+from draftheads.core.tree import Tree
 
 
 def static(tree) -> Tree:
@@ -83,7 +83,7 @@ class OracleDrafter:
         tree = static(tree)
         tokens = torch.zeros(1, tree.num_nodes, dtype=torch.long)
         tokens[0, 0] = self.history[-1]
-        for depth in range(tree.max_depth):
+        for depth in range(tree.depth):
             parents = [i for i in range(tree.num_nodes) if tree.depths[i] == depth and tree.children[i]]
             contexts = torch.tensor([self.history[:-1] + tokens[0, tree.ancestors(i)].tolist() for i in parents])
             logits = self.target(input_ids=contexts).logits[:, -1]

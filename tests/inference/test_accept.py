@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from draftheads.inference.accept import accept, accept_greedy, accept_typical, longest_path, typical_threshold
-from draftheads.inference.sampling import warp_probs
-from draftheads.inference.tree import Tree
+from draftheads.core.sampling import warp_probs
+from draftheads.core.tree import Tree
 from tests.inference.test_strict import chi2_pvalue
 
 TREE = Tree.from_paths([(0,), (1,), (0, 0), (1, 0), (1, 0, 0)])   # nodes: 1=(0,) 2=(1,) 3=(0,0) 4=(1,0) 5=(1,0,0)
@@ -45,7 +45,7 @@ def test_typical_uniform_target_accepts_everything():
     tokens = torch.randint(V, (4, TREE.num_nodes), generator=torch.Generator().manual_seed(0))
     p = torch.full((4, TREE.num_nodes, V), 1 / V)
     result = accept_typical(TREE, tokens, p, torch.Generator().manual_seed(0))
-    assert result.num_accepted.tolist() == [TREE.max_depth] * 4
+    assert result.num_accepted.tolist() == [TREE.depth] * 4
 
 
 def test_typical_peaked_target_rejects_mismatches_and_takes_matches():

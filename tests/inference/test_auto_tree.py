@@ -7,10 +7,10 @@ import itertools
 
 import pytest
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.errors import DraftheadsError
 from draftheads.inference.auto_tree import auto_tree, expected_accepted, from_topk, path_value
 from draftheads.inference.generate import speculative_generate
-from draftheads.inference.tree import Tree
+from draftheads.core.tree import Tree
 from tests.inference.stubs import OracleDrafter
 from tests.inference.test_greedy import prompt_ids, target
 

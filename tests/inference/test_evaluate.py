@@ -12,14 +12,14 @@ import torch
 
 import draftheads.inference.generate as generate_module
 import draftheads.inference.measure as measure_module
-from draftheads.errors import DraftheadsError
+from draftheads.core.errors import DraftheadsError
 from draftheads.inference.accept import Acceptance
 from draftheads.inference.combined import CombinedDrafter, graft
 from draftheads.inference.evaluate import build_rows, run_eval
-from draftheads.inference.measure import Conversation, Entry, RunConfig, Settings, measure, plan_configs, reply_logprob
+from draftheads.inference.measure import Conversation, Entry, RunConfig, EvalSettings, measure, plan_configs, reply_logprob
 from draftheads.inference.report import TABLE_COLUMNS, chain_speedup, estimate_alpha, summarise
 from draftheads.inference.stats import GenerationStats
-from draftheads.inference.tree import Tree
+from draftheads.core.tree import Tree
 from tests.fixtures import make_target, make_tokenizer
 from tests.inference.stubs import OracleDrafter, RandomDrafter
 
@@ -32,8 +32,8 @@ def fixture():
     return make_target("llama", tokenizer), tokenizer
 
 
-def settings(max_new_tokens: int = 9, **kw) -> Settings:
-    return Settings(max_new_tokens=max_new_tokens, max_length=400, stop_ids=kw.pop("stop_ids", []), **kw)
+def settings(max_new_tokens: int = 9, **kw) -> EvalSettings:
+    return EvalSettings(max_new_tokens=max_new_tokens, max_length=400, stop_ids=kw.pop("stop_ids", []), **kw)
 
 
 def conversations(n: int = 2) -> list[Conversation]:
@@ -222,7 +222,7 @@ def test_turns_are_answered_one_by_one_with_the_chat_template(monkeypatch):
 @pytest.fixture(scope="module")
 def eagle_run(tmp_path_factory):
     from draftheads.api import build_drafter
-    from draftheads.heads.native import save_drafter
+    from draftheads.interop.native import save_drafter
 
     model, _ = fixture()
     folder = tmp_path_factory.mktemp("runs") / "eagle-tiny"
@@ -274,7 +274,7 @@ def test_run_eval_writes_consistent_report(eagle_run, tmp_path, capsys):
 
 def test_run_eval_rejects_bad_settings(eagle_run, tmp_path):
     from draftheads.api import build_drafter
-    from draftheads.heads.native import save_drafter
+    from draftheads.interop.native import save_drafter
 
     folder, prompts = eagle_run
     with pytest.raises(DraftheadsError, match="unknown acceptance rule"):

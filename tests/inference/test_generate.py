@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import draftheads
-from draftheads.errors import DraftheadsError
+from draftheads.core.errors import DraftheadsError
 from draftheads.inference.generate import speculative_generate
 from draftheads.inference.stats import GenerationStats
-from draftheads.inference.tree import Tree
+from draftheads.core.tree import Tree
 from tests.inference.stubs import OracleDrafter, RandomDrafter
 from tests.inference.test_greedy import plain, prompt_ids, target
 

@@ -10,7 +10,7 @@ import torch
 
 from draftheads.inference.generate import speculative_generate
 from draftheads.inference.lookup import PromptLookupDrafter
-from draftheads.inference.tree import Tree
+from draftheads.core.tree import Tree
 from tests.fixtures import FAMILIES, make_target, make_tokenizer
 from tests.inference.stubs import OracleDrafter, RandomDrafter
 
@@ -55,7 +55,7 @@ def test_greedy_matches_plain(kind, shape, family, attn):
     assert out.tokens.tolist() == plain(family, attn, 40).tokens.tolist()
     assert out.stats.new_tokens == 40 and sum(out.stats.step_emitted) == 39  # the first token comes from the prefill
     if kind == "oracle":  # every draft right: each step emits a whole root-to-leaf path plus the bonus token
-        assert all(n == TREES[shape].max_depth + 1 for n in out.stats.step_emitted[:-1])
+        assert all(n == TREES[shape].depth + 1 for n in out.stats.step_emitted[:-1])
 
 
 def test_plain_loop_matches_transformers_generate():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.errors import DraftheadsError
 from draftheads.inference.generate import speculative_generate
 from draftheads.inference.lookup import PromptLookupDrafter
-from draftheads.inference.tree import DynamicTreeSpec, Tree
+from draftheads.core.tree import DynamicTreeSpec, Tree
 from tests.inference.test_greedy import plain, prompt_ids, target
 
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from draftheads.inference import accept as rules
-from draftheads.inference.sampling import pick_children, warp_probs
-from draftheads.inference.tree import Tree
+from draftheads.core.sampling import pick_children, warp_probs
+from draftheads.core.tree import Tree
 
 V = 10
 TARGET = 1.5 * torch.randn(8, V, V, generator=torch.Generator().manual_seed(0))   # logits [depth, prev token, V]
@@ -163,10 +163,10 @@ def speculative_sequences(tree: Tree, temperature, top_k, top_p, sampled: bool, 
     table = warp_probs(TARGET, temperature, top_k, top_p)
     p = table[tree.depth_tensor[None, :], tokens]
     result = rules.accept_strict(tree, tokens, p, q, g)
-    length = tree.max_depth + 1
+    length = tree.depth + 1
     rows = torch.arange(ROWS)
     out = torch.full((ROWS, length), -1, dtype=torch.long)
-    for t in range(tree.max_depth):
+    for t in range(tree.depth):
         node = result.path[:, t + 1]
         out[:, t] = torch.where(node >= 0, tokens[rows, node.clamp(min=0)], -1)
     out[rows, result.num_accepted] = result.next_token

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftheads.errors import DraftheadsError
-from draftheads.inference.generate import Decoder, Settings, speculative_generate
-from draftheads.inference.tree import Tree
+from draftheads.core.errors import DraftheadsError
+from draftheads.inference.generate import Decoder, DecodeSettings, speculative_generate
+from draftheads.core.tree import Tree
 from draftheads.inference.verify import compact_cache, new_cache, prefill, verify
 from tests.fixtures import FAMILIES
 from tests.inference.stubs import OracleDrafter, RecordingDrafter
@@ -57,7 +57,7 @@ def test_cache_after_every_step_equals_plain_decoding_cache(family, rule, temper
     model = target(family)
     ids = prompt_ids()
     drafter = OracleDrafter(model, int(ids[0, 0]), noise=0.3, seed=2, tree=TREE)
-    settings = Settings(rule=rule, temperature=temperature, max_new_tokens=30)
+    settings = DecodeSettings(rule=rule, temperature=temperature, max_new_tokens=30)
     decoder = Decoder(model, drafter, TREE, settings, torch.Generator().manual_seed(0))
     decoder.start(ids)
     while not decoder.done:

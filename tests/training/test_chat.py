@@ -2,7 +2,7 @@
 
 import pytest
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.errors import DraftheadsError
 from draftheads.training.chat import (
     build_row, end_of_turn_id, next_turn_ids, render_ids, show_mask, start_chat, stop_token_ids, user_turn_prefix,
 )

@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from draftheads.errors import DraftheadsError
-from draftheads.heads import HEAD_TYPES
+from draftheads.core.errors import DraftheadsError
 from draftheads.recipe import load_recipe
+from draftheads.core import run_folder as R
 from draftheads.training import checkpoint as C
 from draftheads.training import loop
 from draftheads.training.loop import run_training
@@ -35,11 +35,9 @@ def noisy(target):
 HEADS = {
     "noisy": None,  # the test double: its input noise needs RNG restored exactly
     "medusa": {"type": "medusa", "num_heads": 2},
+    "eagle": {"type": "eagle", "input_noise": 0.2},  # noise from the global RNG, like the double
+    "mtp": {"type": "mtp", "depth": 2},
 }
-if "eagle" in HEAD_TYPES:
-    HEADS["eagle"] = {"type": "eagle", "input_noise": 0.2}  # noise from the global RNG, like the double
-if "mtp" in HEAD_TYPES:
-    HEADS["mtp"] = {"type": "mtp", "depth": 2}
 
 
 @pytest.mark.parametrize("head", list(HEADS))
@@ -93,10 +91,10 @@ def test_half_written_checkpoints_are_skipped(tmp_path, data_dir, llama_target, 
     (run_dir / "step_000006.tmp" / "model.safetensors").write_bytes(b"partial")
     unmarked = run_dir / "step_000009"
     unmarked.mkdir()
-    (unmarked / C.STATE_FILE).write_text(json.dumps({"step": 9}))
-    assert C.list_checkpoints(run_dir) == [good]
+    (unmarked / R.STATE_FILE).write_text(json.dumps({"step": 9}))
+    assert R.list_checkpoints(run_dir) == [good]
     assert C.find_resume(run_dir, "auto") == good
-    assert set(C.incomplete_checkpoints(run_dir)) == {run_dir / "step_000006.tmp", unmarked}
+    assert set(R.incomplete_checkpoints(run_dir)) == {run_dir / "step_000006.tmp", unmarked}
     with pytest.raises(DraftheadsError, match="half-written"):
         C.find_resume(run_dir, str(unmarked))
 
@@ -105,8 +103,8 @@ def test_half_written_checkpoints_are_skipped(tmp_path, data_dir, llama_target, 
     run_training(recipe, target=llama_target)
     out = capsys.readouterr().out
     assert "skipping half-written checkpoint" in out and "resuming from" in out and "step_000003" in out
-    state = json.loads((run_dir / "step_000006" / C.STATE_FILE).read_text())
-    assert state["step"] == 6 and (run_dir / "step_000006" / C.COMPLETE).is_file()
+    state = json.loads((run_dir / "step_000006" / R.STATE_FILE).read_text())
+    assert state["step"] == 6 and (run_dir / "step_000006" / R.COMPLETE).is_file()
     assert not (run_dir / "step_000006.tmp").exists()  # the save of step 6 replaced the leftover
 
 
@@ -121,7 +119,7 @@ def test_keep_last_prunes_old_checkpoints_but_never_the_best(tmp_path, data_dir,
     monkeypatch.setattr(loop, "evaluate", fake_evaluate)
     recipe = tiny_recipe(data_dir, tmp_path / "run", max_steps=6, save_every=1, eval_every=1, keep_last=2)
     run_dir = run_training(recipe, target=llama_target)
-    assert [p.name for p in C.list_checkpoints(run_dir)] == ["step_000002", "step_000005", "step_000006"]
+    assert [p.name for p in R.list_checkpoints(run_dir)] == ["step_000002", "step_000005", "step_000006"]
     best = json.loads((run_dir / "best" / "metrics.json").read_text())
     assert best["step"] == 2 and best["accept_len"] == 0.9
     assert json.loads((run_dir / "best" / "drafter" / "config.json").read_text())["extra"]["step"] == 2
@@ -131,14 +129,14 @@ def test_keep_last_prunes_old_checkpoints_but_never_the_best(tmp_path, data_dir,
 
 def test_prune_counts_only_complete_checkpoints(tmp_path):
     for step in (1, 2, 3, 4):
-        folder = C.step_dir(tmp_path, step)
+        folder = R.step_dir(tmp_path, step)
         folder.mkdir()
-        (folder / C.STATE_FILE).write_text("{}")
-        (folder / C.COMPLETE).write_text("")
+        (folder / R.STATE_FILE).write_text("{}")
+        (folder / R.COMPLETE).write_text("")
     (tmp_path / "step_000005.tmp").mkdir()
     removed = C.prune(tmp_path, keep_last=1, protect=2)
     assert sorted(p.name for p in removed) == ["step_000001", "step_000003"]
-    assert [p.name for p in C.list_checkpoints(tmp_path)] == ["step_000002", "step_000004"]
+    assert [p.name for p in R.list_checkpoints(tmp_path)] == ["step_000002", "step_000004"]
 
 
 def test_checkpoint_holds_a_reloadable_recipe_and_drafter(tmp_path, data_dir, llama_target):
@@ -149,5 +147,5 @@ def test_checkpoint_holds_a_reloadable_recipe_and_drafter(tmp_path, data_dir, ll
     assert again.to_dict() == {k: v for k, v in recipe.to_dict().items() if k != "derived"}
     config = json.loads((folder / "drafter" / "config.json").read_text())
     assert config["head"]["type"] == "medusa" and config["target"]["hidden_size"] == llama_target.config.hidden_size
-    state = json.loads((folder / C.STATE_FILE).read_text())
+    state = json.loads((folder / R.STATE_FILE).read_text())
     assert {"step", "epoch", "batch_in_epoch", "best_metric", "history"} <= set(state)

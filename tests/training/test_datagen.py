@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.errors import DraftheadsError
 from draftheads.recipe import recipe_from_dict
 from draftheads.training import batch_generate, datagen, datastore
 from draftheads.training.batch_generate import generate_batch

@@ -8,7 +8,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.errors import DraftheadsError
 from draftheads.training import batches as B
 from draftheads.training import features as Fe
 from draftheads.training.loop import run_training

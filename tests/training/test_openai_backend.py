@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.errors import DraftheadsError
 from draftheads.training import datagen, openai_backend
 from draftheads.training.batch_generate import generate_batch
 from draftheads.training.chat import build_row, encode, render_ids, stop_token_ids

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from draftheads.errors import DraftheadsError
-from draftheads.recipe import DataConfig, PromptSource
+from draftheads.core.errors import DraftheadsError
+from draftheads.training.datagen import DataConfig
+from draftheads.training.prompts import PromptSource
 from draftheads.training.prompts import (
     Prompt, check_self_prompt, collect_prompts, detect_format, fill_quotas, is_degenerate, load_source,
     quotas, read_prompts, row_to_prompt, save_prompts, self_prompts, trim_unfinished,

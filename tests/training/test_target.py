@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from draftheads import load_target
-from draftheads.errors import DraftheadsError
+from draftheads.core.errors import DraftheadsError
 from draftheads.training.hardware import resolve_dtype
 
 

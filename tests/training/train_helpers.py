@@ -78,11 +78,25 @@ class NoisyDrafter(torch.nn.Module):
     """
 
     feature_layers = (-1,)
+    trains_target = False
 
     def __init__(self, hidden: int, vocab: int, noise: float = 0.5):
         super().__init__()
         self.config = NoisyConfig(noise=noise)
         self.heads = torch.nn.ModuleList(torch.nn.Linear(hidden, vocab) for _ in range(2))
+
+    # the rest of core/drafter.py's TrainableDrafter that training and checkpoints use
+    def param_groups(self, lr: float) -> list[dict]:
+        return [{"params": list(self.parameters()), "lr": lr}]
+
+    def saved_module(self) -> torch.nn.Module:
+        return self
+
+    def save_extras(self, folder) -> None:
+        pass
+
+    def load_extras(self, folder) -> None:
+        pass
 
     def training_loss(self, batch: dict):
         h = batch["features"].to(self.heads[0].weight.dtype)

@@ -1,4 +1,5 @@
-"""The one small interface between drafters and the generation loop (a Protocol, not a base class).
+"""The interfaces drafters offer (Protocols, not base classes): `Drafter` to the generation loop,
+`TrainableDrafter` to training, checkpoints and the drafter file formats.
 
 The loop keeps the target's KV cache holding every committed token except the newest one,
 the *pending* token (sampled from the target but not yet fed to it). Each step:
@@ -13,16 +14,19 @@ features there [b, n, F] (the hidden states listed in `feature_layers`, concaten
 axis) and the token that follows each position [b, n] (the last of which is the new pending
 token). After the prompt's prefill that is every prompt position. A drafter with its own KV
 cache (EAGLE, MTP) drops whatever it cached while drafting before taking the new positions in.
+
+Prompt lookup is a Drafter only; the learned heads (heads/) are TrainableDrafters as well.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from draftheads.inference.tree import DynamicTreeSpec, Tree
+from draftheads.core.tree import DynamicTreeSpec, Tree
 
 
 @dataclass
@@ -75,3 +79,37 @@ class Drafter(Protocol):
 
     def default_tree(self) -> Tree | DynamicTreeSpec:
         """The tree used when the caller gives none."""
+
+
+@runtime_checkable
+class TrainableDrafter(Drafter, Protocol):
+    """A drafter with weights: what training (training/), checkpoints and the drafter formats (interop/) use.
+
+    Built by heads/factory.py from its config and the target's, then bound to the target's frozen
+    shared modules (embedding, lm_head, rotary embedding), which it never registers as its own.
+    """
+
+    config: Any  # the head's config dataclass, saved as config.json's "head"
+    vocab: Any  # heads/draft_vocab.py: DraftVocabulary (restricted) or FullVocabulary
+    trains_target: bool  # Medusa-2: the loss runs the LoRA-adapted target itself, so no cached features
+
+    def bind(self, target) -> "TrainableDrafter":
+        """Attach the target's frozen shared modules (and anything of the target it trains); returns self."""
+
+    def training_loss(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        """(loss, metrics): metrics holds per-depth "correct", "total", "loss_sum" [D] (training/metrics.py)."""
+
+    def param_groups(self, lr: float) -> list[dict]:
+        """AdamW parameter groups at the base learning rate `lr`."""
+
+    def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
+        """Draft among the vocab.size tokens most frequent in token_counts [V] (a restricted vocab only)."""
+
+    def saved_module(self) -> torch.nn.Module:
+        """The module whose state_dict is the drafter's own weights file (never the target's weights)."""
+
+    def save_extras(self, folder: Path) -> None:
+        """Write what the weights file does not hold into `folder` (Medusa-2: its LoRA adapter)."""
+
+    def load_extras(self, folder: Path) -> None:
+        """Read back what save_extras wrote, after bind."""

@@ -2,7 +2,7 @@
 
 Round trips (native -> engine folder -> load_drafter) must give the same weights and the same
 drafts; conformance checks compare every exported key, shape, dtype and config field with what
-the engines' loaders expect, written down here independently of heads/engine_formats.py; an
+the engines' loaders expect, written down here independently of the layouts in interop/; an
 engine-semantics check recomputes drafts the way the engine's forward does, from the exported
 tensors alone; refused combinations fail with a one-line error that lists the allowed formats.
 """
@@ -17,12 +17,12 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from draftheads.api import build_drafter, load_drafter
-from draftheads.config import build, to_dict
-from draftheads.heads import HEAD_CONFIGS
-from draftheads.errors import DraftheadsError
-from draftheads.heads.export import export_drafter
-from draftheads.heads.native import save_drafter
-from draftheads.inference.tree import parse_tree
+from draftheads.core.config import build, to_dict
+from draftheads.heads.factory import HEAD_CONFIGS
+from draftheads.core.errors import DraftheadsError
+from draftheads.interop.export import export_drafter
+from draftheads.interop.native import save_drafter
+from draftheads.core.tree import parse_tree
 from tests.fixtures import FAMILIES, make_target
 
 H, V, I, Q, KV, D = 64, 384, 128, 64, 32, 16  # tiny fixture: hidden 64, 4 heads / 2 kv heads of 16, MLP 128
@@ -77,7 +77,7 @@ def natives(targets, tmp_path_factory):
                 for p in drafter.parameters():
                     p.add_(torch.randn_like(p) * 0.05)
             if head == "eagle3":
-                drafter.set_draft_vocab(torch.randint(0, 1000, (V,)), init_from_target=False)
+                drafter.vocab.choose(torch.randint(0, 1000, (V,)))  # keeps the noisy lm_head: no restart from the target
             folder = save_drafter(drafter, tmp_path_factory.mktemp(f"{family}-{head}") / "native", target=target)
             cache[family, head] = drafter, folder
         return cache[family, head]
@@ -220,7 +220,7 @@ def test_export_matches_what_the_loader_reads(fmt, head, family, natives, tmp_pa
 
 
 def check_loader_traps(fmt, head, config):
-    """The silent failures each loader has (see engine_formats.py), checked on the written config."""
+    """The silent failures each loader has (see the LAYOUTS of interop/), checked on the written config."""
     if fmt == "tgi":
         assert "architectures" not in config  # any architecture but MLPSpeculator makes TGI skip the heads
         assert config["base_model_name_or_path"]
@@ -275,7 +275,7 @@ def test_vllm_medusa_forward_from_exported_tensors(targets, natives, tmp_path):
             logits = F.linear(x, lm)
             if "token_map" in t:  # truncated vocabulary: -inf everywhere but token_map's tokens
                 logits = torch.full((5, V), float("-inf")).index_copy(-1, t["token_map"], logits)
-            torch.testing.assert_close(logits, drafter.widen_logits(drafter.head_logits(h, hidden).float()))
+            torch.testing.assert_close(logits, drafter.vocab.widen(drafter.head_logits(h, hidden).float()))
         if head == "medusa-shared":
             assert torch.equal(t["lm_heads.0.weight"], target.get_output_embeddings().weight)
 
@@ -345,7 +345,7 @@ def test_eagle3_norms_map_to_the_engine_roles(targets, natives, tmp_path):
     from draftheads.heads.layers import causal_visible
 
     with torch.no_grad():
-        ours = drafter._draft_logits(drafter._forward(carry, ids, pos, causal_visible(None, 1, n)))
+        ours = drafter.draft_logits(drafter.forward_layer(carry, ids, pos, causal_visible(None, 1, n)))
     torch.testing.assert_close(logits, ours, rtol=1e-4, atol=1e-4)
     # d2t holds offsets: draft id i is target token i + d2t[i], and t2d marks exactly those tokens
     assert torch.equal((torch.arange(VD) + t["d2t"]).sort().values, t["t2d"].nonzero().flatten())

@@ -4,14 +4,22 @@ A tree is given by index paths, the form Medusa and EAGLE use: (0,) is the top-1
 the root, (0, 1) the top-2 child of that node, and so on. Node 0 is always the root (the
 pending token the target has not seen yet); drafted nodes are 1..n, ordered by depth then
 path. A chain of K drafts is the tree [(0,), (0, 0), ...]: same code path everywhere.
+
+What users write (`--tree`, a recipe's `default_tree` or `eval.tree`, the API's `tree=`) is read by
+`parse_tree`, the one parser: a static `Tree`, an EAGLE-2 `DynamicTreeSpec` the drafter grows each
+step, or an `AutoTreeSpec` that `draftheads eval` fits to each drafter. Tree and DynamicTreeSpec
+both answer `depth` (draft levels) and `num_nodes` (root included; at most, for a dynamic tree).
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 from dataclasses import dataclass, field
 
 import torch
+
+from draftheads.core.errors import DraftheadsError
 
 Path = tuple[int, ...]
 
@@ -63,7 +71,8 @@ class Tree:
         return len(self.parents)
 
     @property
-    def max_depth(self) -> int:
+    def depth(self) -> int:
+        """Draft levels below the root (0 for the root alone)."""
         return max(self.depths)
 
     @property
@@ -96,8 +105,8 @@ class Tree:
 
     @functools.cached_property
     def retrieve_indices(self) -> torch.Tensor:
-        """[num_leaves, max_depth + 1] node indices of each root-to-leaf path, padded with -1."""
-        out = torch.full((len(self.leaves), self.max_depth + 1), -1, dtype=torch.long)
+        """[num_leaves, depth + 1] node indices of each root-to-leaf path, padded with -1."""
+        out = torch.full((len(self.leaves), self.depth + 1), -1, dtype=torch.long)
         for row, leaf in enumerate(self.leaves):
             path = self.ancestors(leaf)
             out[row, : len(path)] = torch.tensor(path)
@@ -133,26 +142,6 @@ class Tree:
         return (self.depth_tensor + prefix_len)[None].to(device)
 
 
-def parse_tree(spec) -> "Tree | DynamicTreeSpec | None":
-    """A tree from what users write: None, a Tree, 'chain:K', 'dynamic:TOPK,DEPTH,TOTAL', or index paths."""
-    if spec is None or isinstance(spec, (Tree, DynamicTreeSpec)):
-        return spec
-    if isinstance(spec, str):
-        kind, _, args = spec.partition(":")
-        if kind == "chain" and args.strip().isdigit() and int(args) > 0:
-            return Tree.chain(int(args))
-        if kind == "dynamic":
-            parts = args.split(",")
-            if len(parts) == 3 and all(p.strip().isdigit() and int(p) > 0 for p in parts):
-                return DynamicTreeSpec(*(int(p) for p in parts))
-        if kind == "static":
-            import ast
-
-            return Tree.from_paths(ast.literal_eval(args))
-        raise ValueError(f"unknown tree spec '{spec}'; use chain:K, dynamic:TOPK,DEPTH,TOTAL or static:[(0,), (0, 0), ...]")
-    return Tree.from_paths(spec)
-
-
 @dataclass(frozen=True)
 class DynamicTreeSpec:
     """EAGLE-2 dynamic tree: expand the top_k children of the best nodes for `depth` levels by
@@ -161,3 +150,56 @@ class DynamicTreeSpec:
     top_k: int
     depth: int
     total_tokens: int
+
+    @property
+    def num_nodes(self) -> int:
+        """The most nodes a proposal can have, root included (fewer when candidates run out)."""
+        return self.total_tokens + 1
+
+
+AUTO_BUDGET = 32  # draft nodes of `--tree auto`
+
+
+@dataclass(frozen=True)
+class AutoTreeSpec:
+    """A static tree of `budget` draft nodes that `draftheads eval` fits to each drafter's measured
+    per-depth, per-rank accuracies (inference/auto_tree.py); no drafter proposes it directly."""
+
+    budget: int = AUTO_BUDGET
+
+    @property
+    def num_nodes(self) -> int:
+        return self.budget + 1
+
+
+TreeSpec = Tree | DynamicTreeSpec | AutoTreeSpec
+SPEC_FORMS = "chain:K, dynamic:TOPK,DEPTH,TOTAL, static:PATHS or auto[:NODES]"
+
+
+def parse_tree(spec) -> TreeSpec | None:
+    """A tree from what users write: None, a Tree or spec, 'chain:K', 'dynamic:TOPK,DEPTH,TOTAL',
+    'static:[(0,), (0, 0), ...]', 'auto', 'auto:NODES', or a list of index paths.
+
+    A spec that is not one of these is a one-line DraftheadsError naming the forms."""
+    if spec is None or isinstance(spec, (Tree, DynamicTreeSpec, AutoTreeSpec)):
+        return spec
+    try:
+        return _parse(spec)
+    except (ValueError, SyntaxError, TypeError) as err:
+        raise DraftheadsError(f"bad tree {spec!r}: {err}; use {SPEC_FORMS}") from None
+
+
+def _parse(spec) -> TreeSpec:
+    if not isinstance(spec, str):
+        return Tree.from_paths(spec)
+    kind, _, args = spec.partition(":")
+    numbers = [int(p) for p in args.split(",") if p.strip().isdigit() and int(p) > 0] if args else []
+    if kind == "chain" and len(numbers) == 1 and "," not in args:
+        return Tree.chain(numbers[0])
+    if kind == "dynamic" and len(numbers) == 3 and len(args.split(",")) == 3:
+        return DynamicTreeSpec(*numbers)
+    if kind == "static":
+        return Tree.from_paths(ast.literal_eval(args))
+    if kind == "auto" and (not args or (len(numbers) == 1 and "," not in args)):
+        return AutoTreeSpec(numbers[0] if numbers else AUTO_BUDGET)
+    raise ValueError("not a tree spec")

@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Any, Literal, Union
 
-from draftheads.errors import DraftheadsError
+from draftheads.core.errors import DraftheadsError
 
 
 def doc(default: Any, text: str) -> Any:

@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import draftheads
-from draftheads.errors import DraftheadsError
-from draftheads.heads.native import save_drafter
+from draftheads.core.errors import DraftheadsError
+from draftheads.interop.native import save_drafter
 from tests.fixtures import make_target, make_tokenizer
 from tests.heads.batches import make_batch, perturb
 
@@ -77,7 +77,7 @@ def test_finds_the_drafter_of_a_run_folder(medusa, llama_target, tmp_path):
         if complete:
             (run / f"step_{step:06d}" / "COMPLETE").write_text("")
             (run / f"step_{step:06d}" / "trainer_state.json").write_text("{}")
-    from draftheads.heads.native import resolve_drafter_folder
+    from draftheads.interop.native import resolve_drafter_folder
 
     assert resolve_drafter_folder(run) == run / "step_000020" / "drafter"  # newest complete checkpoint
     save_drafter(medusa, run / "final" / "drafter", target=llama_target)

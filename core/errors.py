@@ -11,9 +11,3 @@ class DraftheadsError(Exception):
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))  # keep it to one line
 
-
-class NotImplementedYet(DraftheadsError):
-    """A command or API whose issue has not landed yet."""
-
-    def __init__(self, what: str):
-        super().__init__(f"{what} is not implemented yet")

@@ -1,0 +1,31 @@
+"""A recipe's eval: section, the settings `draftheads eval` takes for the flags it is not given."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from draftheads.core.config import check, doc
+from draftheads.inference.accept import check_rule
+
+
+@dataclass
+class EvalConfig:
+    """Acceptance evaluation (`draftheads eval`)."""
+
+    prompts: str = doc("humaneval", "'humaneval', a local file, or a hub dataset")
+    limit: int | None = doc(20, "evaluate on at most this many prompts")
+    accept: list[str] = doc(["greedy"], "acceptance rules: greedy, strict, typical")
+    temperatures: list[float] = doc([0.0], "sampling temperatures")
+    tree: str | None = doc(None, "chain:K, dynamic:TOPK,DEPTH,TOTAL, auto, or static:PATHS (default: the drafter's)")
+    max_new_tokens: int = doc(128, "tokens generated per prompt")
+    typical_epsilon: float = doc(0.09, "typical acceptance: hard threshold epsilon")
+    typical_delta: float = doc(0.3, "typical acceptance: entropy-scaled threshold delta")
+    seed: int = doc(0, "sampling seed")
+
+    def __post_init__(self):
+        for rule in self.accept:
+            check_rule(rule, "eval.accept")
+        check(all(t >= 0 for t in self.temperatures), "eval.temperatures must be >= 0")
+        check(self.limit is None or self.limit > 0, "eval.limit must be positive")
+        check(self.max_new_tokens > 0, "eval.max_new_tokens must be positive")
+        check(self.typical_epsilon > 0 and self.typical_delta > 0, "eval.typical_epsilon and eval.typical_delta must be positive")

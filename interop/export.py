@@ -1,0 +1,109 @@
+"""Export a native drafter to the folder a serving engine loads.
+
+native drafter folder (or run folder) -> checks (head kind x format x target family) -> the
+engine module's writer (tensors renamed, the engine's config.json) -> OUT, written atomically. A
+folder an engine would mis-load silently is never written: such combinations are a one-line error
+that lists the formats this drafter supports. `draftheads_export.json` records where it came from.
+
+Each engine is one module of this package (its layouts, traps, writers and readers); adding an
+engine format means adding its module and listing it in `ENGINES`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from draftheads.core.config import suggest
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.folders import write_folder
+from draftheads.heads.factory import head_config, new_drafter
+from draftheads.interop import deepseek_mtp, sglang, speculators, tgi, vllm
+from draftheads.interop.layout import Layout
+from draftheads.interop.native import CONFIG, PROVENANCE, WEIGHTS, SavedDrafter
+
+ENGINES = {"vllm": vllm, "sglang": sglang, "tgi": tgi, "speculators": speculators, "deepseek-mtp": deepseek_mtp}
+FORMATS = ("native", *ENGINES)
+LABELS = {"eagle3": "EAGLE-3", "eagle": "EAGLE", "medusa": "Medusa", "mtp": "MTP"}
+
+
+def export_drafter(src, fmt: str, out, target=None) -> Path:
+    """Write the drafter at `src` (drafter or run folder) as `fmt` into folder `out`.
+
+    `target` (a loaded model, a local path or a hub id) is needed only when the drafter's own
+    record of its target cannot be resolved. Returns `out`.
+    """
+    if fmt not in FORMATS:
+        raise DraftheadsError(f"unknown export format '{fmt}'{suggest(fmt, FORMATS)}; use one of {', '.join(FORMATS)}")
+    saved = SavedDrafter.read(src, target)
+    out = Path(out).expanduser()
+    if out.resolve() == saved.folder.resolve():
+        raise DraftheadsError(f"--out {out} is the drafter folder itself; choose another folder")
+    if fmt == "native":
+        validate_native(saved)
+        return write_folder(out, lambda tmp: shutil.copytree(saved.folder, tmp, dirs_exist_ok=True))
+    check_allowed(saved, fmt)
+    tensors, config, weights_file = ENGINES[fmt].WRITERS[saved.kind](saved)
+    provenance = {"format": fmt, "source": str(saved.folder), "head": saved.head, "target": saved.config.get("target"),
+                  "feature_layers": saved.config.get("feature_layers")}
+
+    def fill(tmp: Path) -> None:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / weights_file), metadata={"format": "pt"})
+        (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
+
+    return write_folder(out, fill)
+
+
+def validate_native(saved: SavedDrafter) -> None:
+    """The folder must be loadable: its head config builds and its tensors match that head."""
+    config = head_config(dict(saved.head))
+    try:
+        target_config = saved.target_config()
+    except DraftheadsError:
+        return  # nothing to build against: the config and tensors parsed, which is all we can check
+    expected = {k: tuple(v.shape) for k, v in new_drafter(config, target_config).saved_module().state_dict().items()}
+    found = {k: tuple(v.shape) for k, v in saved.state.items()}
+    if expected != found:
+        diff = sorted(set(expected.items()) ^ set(found.items()))[:3]
+        raise DraftheadsError(f"{saved.folder / WEIGHTS} does not match its config.json (e.g. {diff}); re-save the drafter")
+
+
+# ---- which formats a drafter may go to --------------------------------------------------------
+
+
+def find_layout(fmt: str, kind: str) -> Layout | None:
+    return next((layout for layout in ENGINES[fmt].LAYOUTS if layout.kind == kind), None)
+
+
+def refusal(saved: SavedDrafter, fmt: str) -> str | None:
+    """Why `saved` cannot be exported as `fmt` (None: it can)."""
+    kind, family = saved.kind, saved.family
+    if fmt == "native":
+        return None
+    layout = find_layout(fmt, kind)
+    if layout is None:
+        return f"{fmt} has no loader for {kind} heads"
+    if kind == "medusa" and saved.head.get("medusa2"):
+        return "Medusa-2 heads read the LoRA-adapted target, which engines do not build; merge the adapter into the target first"
+    if layout.families and family not in layout.families:
+        return f"{layout.engine} has no {kind} layer for a {family or 'unknown'} target (it supports {', '.join(layout.families)})"
+    reason = ENGINES[fmt].refusal(saved)  # what this engine's loader cannot hold
+    if reason is None and kind not in ENGINES[fmt].WRITERS:
+        return f"writing {kind} heads for {layout.engine} is not implemented"
+    return reason
+
+
+def allowed_formats(saved: SavedDrafter) -> list[str]:
+    return [fmt for fmt in FORMATS if refusal(saved, fmt) is None]
+
+
+def check_allowed(saved: SavedDrafter, fmt: str) -> None:
+    reason = refusal(saved, fmt)
+    if reason:
+        raise DraftheadsError(f"cannot export this {LABELS[saved.kind]} drafter as '{fmt}': {reason}; "
+                              f"formats for it: {', '.join(allowed_formats(saved))}")
