@@ -53,6 +53,7 @@ LAYOUTS = (
 
 
 def write_eagle(s: SavedDrafter):
+    """LlamaForCausalLMEagle (Qwen2ForCausalLMEagle for a qwen2 target), fc with its bias."""
     qkv, o = layer_biases(s.state)
     if o or (qkv and s.family != "qwen2"):
         raise DraftheadsError("SGLang's EAGLE layers cannot hold this layer's attention biases; export --format vllm")
@@ -62,6 +63,7 @@ def write_eagle(s: SavedDrafter):
 
 
 def write_eagle3(s: SavedDrafter):
+    """LlamaForCausalLMEagle3 with midlayer.* names and SGLang's aux-layer numbering (in eagle_config)."""
     # SGLang adds 1 itself to ids given in eagle_config: they name the layers whose OUTPUT is read
     extra = eagle3_fields(s, list(s.head["feature_layers"]))
     extra["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": extra.pop("eagle_aux_hidden_state_layer_ids")}

@@ -43,6 +43,7 @@ LAYOUTS = (
 
 
 def write_eagle3(s: SavedDrafter):
+    """Eagle3Speculator: the layer's own config, vLLM's aux-layer numbering, a greedy proposal method."""
     target = s.target_config()
     model_type = "qwen3" if s.family == "qwen3" else "llama"
     layer = engine_layer_config(target, model_type, [], s.dtype, attention_bias=False, tie_word_embeddings=False)

@@ -57,6 +57,7 @@ def medusa_to_tgi(state: dict, num_heads: int, num_layers: int) -> dict:
 
 
 def medusa_from_tgi(tensors: dict, num_layers: int) -> dict:
+    """The inverse of medusa_to_tgi."""
     state = {}
     for name, tensor in tensors.items():
         if m := re.fullmatch(r"(\d+)\.(\d+)\.linear\.(weight|bias)", name):
@@ -67,6 +68,7 @@ def medusa_from_tgi(tensors: dict, num_layers: int) -> dict:
 
 
 def write_medusa(s: SavedDrafter):
+    """medusa_lm_head.safetensors beside a config.json without architectures (TGI's trap)."""
     h = s.head
     name = s.target_name()
     if not name:
@@ -77,6 +79,7 @@ def write_medusa(s: SavedDrafter):
 
 
 def read_medusa(config: dict, tensors: dict) -> tuple[dict, dict]:
+    """(head structure, native state) of a TGI / Medusa v0.1 folder: own lm heads when the file has them."""
     num_heads, num_layers = int(config["medusa_num_heads"]), int(config.get("medusa_num_layers", 1))
     state = medusa_from_tgi(tensors, num_layers)
     own = any(k.startswith("lm_heads.") for k in state)

@@ -116,6 +116,7 @@ def medusa_to_vllm(state: dict, num_heads: int, num_layers: int) -> dict:
 
 
 def medusa_from_vllm(tensors: dict, num_heads: int, num_layers: int) -> dict:
+    """The inverse of medusa_to_vllm (a medusa_heads. prefix is dropped)."""
     state = {}
     for name, tensor in tensors.items():
         name = name.removeprefix("medusa_heads.")
@@ -127,6 +128,7 @@ def medusa_from_vllm(tensors: dict, num_heads: int, num_layers: int) -> dict:
 
 
 def write_medusa(s: SavedDrafter):
+    """MedusaModel: the blocks, and the lm heads (one copy of the target's when shared; token_map for a draft vocabulary)."""
     h = s.head
     tensors = medusa_to_vllm(s.state, h["num_heads"], h["num_layers"])
     shared = h["lm_head"] == "shared"
@@ -145,6 +147,7 @@ def write_medusa(s: SavedDrafter):
 
 
 def read_medusa(config: dict, tensors: dict, target) -> tuple[dict, dict]:
+    """(head structure, native state) of a vLLM Medusa folder; an lm head equal to the target's is shared again."""
     num_heads, num_layers = int(config["num_heads"]), int(config.get("num_hidden_layers", 1))
     state = medusa_from_vllm(tensors, num_heads, num_layers)
     head = {"type": "medusa", "num_heads": num_heads, "num_layers": num_layers, "lm_head": "own"}
@@ -183,6 +186,7 @@ def token_map(config: dict, tensors: dict, vocab: int) -> torch.Tensor | None:
 # ---- EAGLE-1 and EAGLE-3 ----------------------------------------------------------------------
 
 def write_eagle(s: SavedDrafter):
+    """EagleLlamaForCausalLM: fc without its bias, which is folded into the attention biases (exact)."""
     tensors = eagle_to_engine(s.state, fold_fc_bias="fc.bias" in s.state)
     qkv, o = layer_biases(tensors, "layers.0.")
     config = engine_layer_config(s.target_config(), "llama", ["EagleLlamaForCausalLM"], s.dtype, attention_bias=o, qkv_bias=qkv)
@@ -190,6 +194,7 @@ def write_eagle(s: SavedDrafter):
 
 
 def write_eagle3(s: SavedDrafter):
+    """LlamaForCausalLMEagle3 with midlayer.* names and vLLM's aux-layer numbering."""
     # vLLM captures layer i's INPUT as aux id i: our layer l's output is id l + 1
     extra = eagle3_fields(s, [layer + 1 for layer in s.head["feature_layers"]])
     config = engine_layer_config(s.target_config(), "llama", ["LlamaForCausalLMEagle3"], s.dtype, **extra, tie_word_embeddings=False)
