@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import copy
 
-from torch import nn
-
 from draftheads.core.config import build, suggest
+from draftheads.core.drafter import TrainableDrafter
 from draftheads.core.errors import DraftheadsError
 from draftheads.heads.common import place_like, target_dims
 from draftheads.heads.eagle import EagleConfig, EagleDrafter
@@ -46,7 +45,7 @@ def drafter_class(config: HeadConfig) -> type:
     return MTPDrafter
 
 
-def new_drafter(config: HeadConfig, target_config) -> nn.Module:
+def new_drafter(config: HeadConfig, target_config) -> TrainableDrafter:
     """A freshly initialised drafter for a target with `target_config`, not yet bound to the target.
 
     The drafter gets its own copy of `config`, with the values derived from the target filled in."""
@@ -56,6 +55,6 @@ def new_drafter(config: HeadConfig, target_config) -> nn.Module:
     return drafter_class(config).from_target(target_config, config)
 
 
-def bound_drafter(config: HeadConfig, target) -> nn.Module:
+def bound_drafter(config: HeadConfig, target) -> TrainableDrafter:
     """A new drafter bound to `target`'s frozen shared modules, on the target's device and dtype."""
     return place_like(new_drafter(config, target.config).bind(target), target)

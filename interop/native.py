@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draftheads.core.config import to_dict
+from draftheads.core.drafter import TrainableDrafter
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import write_folder
 from draftheads.core.run_folder import drafter_candidates
@@ -49,7 +50,7 @@ def own_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_drafter(drafter, folder, target=None, extra: dict | None = None) -> Path:
+def save_drafter(drafter: TrainableDrafter, folder, target=None, extra: dict | None = None) -> Path:
     """Write the drafter to `folder` atomically (a temporary sibling folder, then a rename)."""
 
     def fill(tmp: Path) -> None:

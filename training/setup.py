@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from draftheads.core.drafter import TrainableDrafter
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.run_folder import COMPLETE, incomplete_checkpoints
 from draftheads.heads.factory import bound_drafter, drafter_class, new_drafter
@@ -29,7 +30,7 @@ from draftheads.training.trackers import check_trackers, prepare_environment
 class DraftLoss(torch.nn.Module):
     """Routes forward() to drafter.training_loss, so DDP/FSDP wrappers see a normal forward call."""
 
-    def __init__(self, drafter: torch.nn.Module):
+    def __init__(self, drafter: TrainableDrafter):
         super().__init__()
         self.drafter = drafter
 
@@ -67,7 +68,7 @@ class Run:
     recipe: object
     accelerator: object
     target: torch.nn.Module
-    drafter: torch.nn.Module
+    drafter: TrainableDrafter
     module: torch.nn.Module  # DraftLoss, prepared (possibly DDP-wrapped)
     optimizer: object
     scheduler: object

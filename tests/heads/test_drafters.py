@@ -5,7 +5,9 @@ import torch
 
 import draftheads
 from draftheads.core.config import build as build_config
+from draftheads.core.drafter import Drafter, TrainableDrafter
 from draftheads.heads.factory import HEAD_CONFIGS, new_drafter
+from tests.fixtures import make_target
 from draftheads.interop.native import save_drafter
 from draftheads.core.tree import Tree
 from tests.heads.batches import make_batch, perturb, snapshot, target_features
@@ -31,6 +33,16 @@ def build(kind, target, cfg):
 
 def test_every_head_type_is_covered():
     assert set(HEAD_CONFIGS) <= {kind for _, kind, _, _ in VARIANTS}
+
+
+@pytest.mark.parametrize("kind, cfg", [(k, c) for _, k, c, _ in VARIANTS] + [("medusa", {"medusa2": True, "lora_r": 2})],
+                         ids=[name for name, *_ in VARIANTS] + ["medusa2"])
+def test_every_drafter_offers_both_protocols(kind, cfg):
+    """What the loop (Drafter) and training / the formats (TrainableDrafter) call is there on every module the factory builds."""
+    drafter = draftheads.build_drafter(kind, make_target("llama"), **cfg)
+    assert isinstance(drafter, Drafter) and isinstance(drafter, TrainableDrafter), type(drafter).__name__
+    assert drafter.trains_target == bool(cfg.get("medusa2")) and drafter.vocab.restricted == ("draft_vocab_size" in cfg)
+    assert set(drafter.saved_module().state_dict()) <= {k.removeprefix("medusa.") for k in drafter.state_dict()}
 
 
 @pytest.mark.parametrize("kind, cfg, depths", CASES)
