@@ -158,6 +158,11 @@ class DynamicTreeSpec:
 
 
 AUTO_BUDGET = 32  # draft nodes of `--tree auto`
+# Far beyond any tree worth verifying in one forward, and small enough that building one costs nothing.
+MAX_DEPTH = 64
+MAX_NODES = 1024
+MAX_TOP_K = 64
+MAX_SPEC_CHARS = 100_000
 
 
 @dataclass(frozen=True)
@@ -176,30 +181,79 @@ TreeSpec = Tree | DynamicTreeSpec | AutoTreeSpec
 SPEC_FORMS = "chain:K, dynamic:TOPK,DEPTH,TOTAL, static:PATHS or auto[:NODES]"
 
 
-def parse_tree(spec) -> TreeSpec | None:
+def parse_tree(spec, setting: str | None = None) -> TreeSpec | None:
     """A tree from what users write: None, a Tree or spec, 'chain:K', 'dynamic:TOPK,DEPTH,TOTAL',
     'static:[(0,), (0, 0), ...]', 'auto', 'auto:NODES', or a list of index paths.
 
-    A spec that is not one of these is a one-line DraftheadsError naming the forms."""
-    if spec is None or isinstance(spec, (Tree, DynamicTreeSpec, AutoTreeSpec)):
-        return spec
+    A spec that is not one of these, or is larger than the limits (MAX_DEPTH levels, MAX_NODES
+    draft nodes, MAX_TOP_K children per node), is a one-line DraftheadsError (naming `setting`,
+    e.g. 'head.default_tree', when given); the limits are checked before anything is built."""
+    if spec is None:
+        return None
     try:
-        return _parse(spec)
-    except (ValueError, SyntaxError, TypeError) as err:
-        raise DraftheadsError(f"bad tree {spec!r}: {err}; use {SPEC_FORMS}") from None
+        tree = spec if isinstance(spec, (Tree, DynamicTreeSpec, AutoTreeSpec)) else _parse(spec)
+        check_limits(tree)
+    except TooLarge as err:
+        where = f"{setting}: " if setting else ""
+        raise DraftheadsError(f"{where}tree {_shown(spec)} is too large: {err}; give a smaller tree") from None
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as err:
+        where = f"{setting}: " if setting else ""
+        raise DraftheadsError(f"{where}bad tree {_shown(spec)}: {err}; use {SPEC_FORMS}") from None
+    return tree
+
+
+class TooLarge(ValueError):
+    """A tree spec beyond MAX_DEPTH, MAX_NODES or MAX_TOP_K."""
+
+
+def check_limits(tree: TreeSpec) -> None:
+    if isinstance(tree, DynamicTreeSpec):
+        _at_most(tree.top_k, MAX_TOP_K, "children per node (top_k)")
+    if not isinstance(tree, AutoTreeSpec):  # an auto tree's depth is fitted later, within MAX_DEPTH
+        _at_most(tree.depth, MAX_DEPTH, "levels")
+    _at_most(tree.num_nodes - 1, MAX_NODES, "draft nodes")
+    if isinstance(tree, Tree):
+        _at_most(max(tree.ranks) + 1, MAX_TOP_K, "children per node")
+
+
+def _shown(spec) -> str:
+    text = repr(spec) if isinstance(spec, str) else type(spec).__name__ if isinstance(spec, (Tree, DynamicTreeSpec, AutoTreeSpec)) else "of index paths"
+    return text if len(text) <= 80 else text[:77] + "...'"
 
 
 def _parse(spec) -> TreeSpec:
     if not isinstance(spec, str):
-        return Tree.from_paths(spec)
+        return _static(spec)
+    if len(spec) > MAX_SPEC_CHARS:
+        raise ValueError(f"longer than {MAX_SPEC_CHARS:,} characters")
     kind, _, args = spec.partition(":")
     numbers = [int(p) for p in args.split(",") if p.strip().isdigit() and int(p) > 0] if args else []
     if kind == "chain" and len(numbers) == 1 and "," not in args:
-        return Tree.chain(numbers[0])
+        return Tree.chain(_at_most(numbers[0], MAX_DEPTH, "levels"))
     if kind == "dynamic" and len(numbers) == 3 and len(args.split(",")) == 3:
         return DynamicTreeSpec(*numbers)
     if kind == "static":
-        return Tree.from_paths(ast.literal_eval(args))
+        try:
+            paths = ast.literal_eval(args)
+        except (ValueError, SyntaxError):
+            raise ValueError("PATHS must be a list of index tuples like [(0,), (1,), (0, 0)]") from None
+        return _static(paths)
     if kind == "auto" and (not args or (len(numbers) == 1 and "," not in args)):
         return AutoTreeSpec(numbers[0] if numbers else AUTO_BUDGET)
     raise ValueError("not a tree spec")
+
+
+def _static(paths) -> Tree:
+    """Tree.from_paths, after checking the paths are few, short and narrow enough to build."""
+    paths = list(paths)
+    _at_most(len(paths), MAX_NODES, "draft nodes")
+    for path in paths:
+        _at_most(len(path), MAX_DEPTH, "levels")
+        _at_most(max(path, default=0) + 1, MAX_TOP_K, "children per node")
+    return Tree.from_paths(paths)
+
+
+def _at_most(n: int, limit: int, what: str) -> int:
+    if n > limit:
+        raise TooLarge(f"{n:,} {what}, more than the {limit} a tree may have")
+    return n

@@ -59,6 +59,7 @@ class EagleConfig:
         check(0 < self.token_loss_fraction <= 1, f"head.token_loss_fraction must be in (0, 1], got {self.token_loss_fraction}")
         check(self.token_loss_weight >= 0 and self.feature_loss_weight >= 0, "head loss weights must be >= 0")
         check(self.draft_vocab_size is None or self.draft_vocab_size > 0, "head.draft_vocab_size must be positive")
+        parse_tree(self.default_tree, "head.default_tree")  # a bad or oversized tree is refused with the recipe, not at the first step
         if self.feature_layers is not None:
             check(len(self.feature_layers) == 3, f"head.feature_layers must list 3 target layers, got {len(self.feature_layers)}")
             check(self.eagle3, "head.feature_layers only applies with head.eagle3: true")

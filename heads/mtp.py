@@ -51,6 +51,7 @@ class MTPConfig:
                   f"head.loss_weights has {len(self.loss_weights)} entries but head.depth is {self.depth}")
             check(all(w >= 0 for w in self.loss_weights), "head.loss_weights must be >= 0")
         check(self.draft_vocab_size is None or self.draft_vocab_size > 0, "head.draft_vocab_size must be positive")
+        parse_tree(self.default_tree, "head.default_tree")  # a bad or oversized tree is refused with the recipe, not at the first step
 
     def resolve(self, num_layers: int, vocab_size: int) -> None:
         """Nothing to derive: the modules' sizes and class come from the target's config when built."""

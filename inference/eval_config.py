@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from draftheads.core.config import check, doc
+from draftheads.core.tree import parse_tree
 from draftheads.inference.accept import check_rule
 
 
@@ -29,3 +30,4 @@ class EvalConfig:
         check(self.limit is None or self.limit > 0, "eval.limit must be positive")
         check(self.max_new_tokens > 0, "eval.max_new_tokens must be positive")
         check(self.typical_epsilon > 0 and self.typical_delta > 0, "eval.typical_epsilon and eval.typical_delta must be positive")
+        parse_tree(self.tree, "eval.tree")  # a bad or oversized tree is refused with the recipe
