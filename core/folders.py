@@ -1,8 +1,12 @@
-"""Writing a folder atomically: fill a sibling `NAME.tmp/`, flush it, swap it in for `NAME/`.
+"""Writing a folder atomically: fill a staging sibling, flush it, swap it in for the folder it replaces.
 
-Readers only ever see the old folder or the complete new one. A crash leaves `NAME.tmp/` behind
-(the next write of NAME replaces it) or, between the two renames, `NAME.old/`. Checkpoints, the
-best/ and final/ drafters, native drafters and engine exports are all written this way.
+Readers only ever see the old folder or the complete new one, and nothing is removed that this
+module did not put there:
+- `write_folder` stages in a fresh hidden sibling `.NAME.tmp-XXXX/` (a crash leaves it behind, hidden,
+  never mistaken for anything else);
+- checkpoints stage in `NAME.tmp/` (`staging_folder`), a name every training process agrees on and
+  that lives inside the run folder, where a leftover is a half-written checkpoint of that run;
+- `publish` moves the folder being replaced aside to a fresh hidden name and removes it last.
 
     write_folder(out, lambda tmp: (tmp / "config.json").write_text(...))
 """
@@ -11,12 +15,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
+import uuid
 from pathlib import Path
 from typing import Callable
 
 
 def staging_path(final: Path) -> Path:
-    """Where `final` is built before it is published: its sibling NAME.tmp."""
+    """Where a checkpoint `final` is built before it is published: its sibling NAME.tmp."""
     final = Path(final)
     return final.with_name(final.name + ".tmp")
 
@@ -31,26 +37,39 @@ def staging_folder(final: Path) -> Path:
 
 
 def publish(tmp: Path, final: Path) -> Path:
-    """Flush tmp's files to disk, then rename it to `final` (an existing `final` is removed last)."""
+    """Flush tmp's files to disk, then rename it to `final` (an existing `final` is moved aside, removed last)."""
     tmp, final = Path(tmp), Path(final)
     flush_files(tmp)
-    old = final.with_name(final.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
+    aside = None
     if final.exists():
-        os.replace(final, old)
+        aside = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:12]}")
+        os.replace(final, aside)
     os.replace(tmp, final)
-    if old.exists():
-        shutil.rmtree(old)
+    if aside is not None:
+        shutil.rmtree(aside)
     return final
 
 
 def write_folder(final: Path, fill: Callable[[Path], object]) -> Path:
-    """Build `final` with fill(tmp) in a staging folder, then publish it; returns `final`."""
-    tmp = staging_folder(final)
-    tmp.mkdir()
-    fill(tmp)
+    """Build `final` with fill(tmp) in a fresh staging sibling, then publish it; returns `final`.
+
+    If fill fails, the staging folder is removed and `final` is left as it was."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the published folder gets the usual permissions
+    try:
+        fill(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return publish(tmp, final)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def flush_files(folder: Path) -> None:

@@ -20,6 +20,7 @@ DRAFTER = "drafter"
 FINAL = "final"
 BEST = "best"
 STEP_RE = re.compile(r"^step_(\d{6,})$")
+DATA_MARKER = "draftheads_data.json"  # what makes a folder a `draftheads data` folder (training/datastore.py)
 
 
 def step_dir(run_dir: Path, step: int) -> Path:

@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", required=True, help="native, or an engine format")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--target", default=None, help="target folder or spec, for formats that need its config")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous export of the same format in --out")
     p.set_defaults(handler=cmd_export)
 
     p = sub.add_parser("demo", help="data, training and evaluation end to end on the embedded target")
@@ -155,7 +156,7 @@ def _given(flag, default):
 def cmd_export(args) -> int:
     from draftheads.interop.export import export_drafter
 
-    folder = export_drafter(args.source, args.format, args.out, target=args.target)
+    folder = export_drafter(args.source, args.format, args.out, target=args.target, overwrite=args.overwrite)
     print(f"exported {args.source} as {args.format} to {folder}")
     return 0
 

@@ -5,6 +5,10 @@ engine module's writer (tensors renamed, the engine's config.json) -> OUT, writt
 folder an engine would mis-load silently is never written: such combinations are a one-line error
 that lists the formats this drafter supports. `draftheads_export.json` records where it came from.
 
+Export never removes what it did not write: OUT must be new, empty, or (with `overwrite`) a
+previous export of the same format; a run folder, a data folder, or a folder holding the drafter
+being exported is refused whatever the flags.
+
 Each engine is one module of this package (its layouts, traps, writers and readers); adding an
 engine format means adding its module and listing it in `ENGINES`.
 """
@@ -12,6 +16,7 @@ engine format means adding its module and listing it in `ENGINES`.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -21,6 +26,7 @@ from safetensors.torch import save_file
 from draftheads.core.config import suggest
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import write_folder
+from draftheads.core.run_folder import BEST, DATA_MARKER, DRAFTER, FINAL, incomplete_checkpoints, list_checkpoints
 from draftheads.heads.factory import head_config, new_drafter
 from draftheads.interop import deepseek_mtp, sglang, speculators, tgi, vllm
 from draftheads.interop.layout import Layout
@@ -31,25 +37,30 @@ FORMATS = ("native", *ENGINES)
 LABELS = {"eagle3": "EAGLE-3", "eagle": "EAGLE", "medusa": "Medusa", "mtp": "MTP"}
 
 
-def export_drafter(src, fmt: str, out, target=None) -> Path:
+def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False) -> Path:
     """Write the drafter at `src` (drafter or run folder) as `fmt` into folder `out`.
 
     `target` (a loaded model, a local path or a hub id) is needed only when the drafter's own
-    record of its target cannot be resolved. Returns `out`.
+    record of its target cannot be resolved. `overwrite` lets a previous export of the same format
+    in `out` be replaced. Returns `out`.
     """
     if fmt not in FORMATS:
         raise DraftheadsError(f"unknown export format '{fmt}'{suggest(fmt, FORMATS)}; use one of {', '.join(FORMATS)}")
     saved = SavedDrafter.read(src, target)
     out = Path(out).expanduser()
-    if out.resolve() == saved.folder.resolve():
-        raise DraftheadsError(f"--out {out} is the drafter folder itself; choose another folder")
-    if fmt == "native":
-        validate_native(saved)
-        return write_folder(out, lambda tmp: shutil.copytree(saved.folder, tmp, dirs_exist_ok=True))
-    check_allowed(saved, fmt)
-    tensors, config, weights_file = ENGINES[fmt].WRITERS[saved.kind](saved)
+    check_out(out, fmt, saved, overwrite)
     provenance = {"format": fmt, "source": str(saved.folder), "head": saved.head, "target": saved.config.get("target"),
                   "feature_layers": saved.config.get("feature_layers")}
+    if fmt == "native":
+        validate_native(saved)
+
+        def copy(tmp: Path) -> None:
+            shutil.copytree(saved.folder, tmp, dirs_exist_ok=True)
+            (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
+
+        return write_folder(out, copy)
+    check_allowed(saved, fmt)
+    tensors, config, weights_file = ENGINES[fmt].WRITERS[saved.kind](saved)
 
     def fill(tmp: Path) -> None:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / weights_file), metadata={"format": "pt"})
@@ -57,6 +68,45 @@ def export_drafter(src, fmt: str, out, target=None) -> Path:
         (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
 
     return write_folder(out, fill)
+
+
+def check_out(out: Path, fmt: str, saved: SavedDrafter, overwrite: bool) -> None:
+    """Refuse an --out that export would have to destroy something to write, before any work is done."""
+    source = saved.folder.resolve()
+    where = out.resolve()
+    if where == source or source.is_relative_to(where) or where.is_relative_to(source):
+        raise DraftheadsError(f"--out {out} is, holds or lies inside the drafter being exported ({saved.folder}); "
+                              "choose a folder outside it")
+    if out.exists() and not out.is_dir():
+        raise DraftheadsError(f"--out {out} is a file; give a folder (new or empty)")
+    if out.is_dir() and holds_training_work(out):
+        raise DraftheadsError(f"--out {out} holds training checkpoints, drafters or data (a run or data folder); "
+                              "export into a new folder")
+    if out.is_dir() and any(out.iterdir()):
+        previous = previous_export(out)
+        if previous is None:
+            raise DraftheadsError(f"--out {out} is not empty and is not a draftheads export; choose a new or empty folder")
+        if previous != fmt:
+            raise DraftheadsError(f"--out {out} holds a previous '{previous}' export, not '{fmt}'; choose another folder")
+        if not overwrite:
+            raise DraftheadsError(f"--out {out} holds a previous '{fmt}' export; pass --overwrite to replace it")
+    parent = next(p for p in [out, *out.parents] if p.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise DraftheadsError(f"cannot write --out {out}: {parent} is not a writable folder; choose another place")
+
+
+def holds_training_work(folder: Path) -> bool:
+    """A run folder (checkpoints, final/ or best/ drafters) or a `draftheads data` folder."""
+    return bool(list_checkpoints(folder) or incomplete_checkpoints(folder) or (folder / FINAL / DRAFTER).exists()
+                or (folder / BEST / DRAFTER).exists() or (folder / DATA_MARKER).exists())
+
+
+def previous_export(folder: Path) -> str | None:
+    """The format of the draftheads export in `folder`, None if it holds none."""
+    try:
+        return json.loads((folder / PROVENANCE).read_text()).get("format")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def validate_native(saved: SavedDrafter) -> None:

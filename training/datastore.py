@@ -25,8 +25,9 @@ from pathlib import Path
 
 from draftheads.core.config import to_dict
 from draftheads.core.errors import DraftheadsError
+from draftheads.core.run_folder import DATA_MARKER
 
-META = "draftheads_data.json"
+META = DATA_MARKER
 SHARDS = "shards"
 BASE = "base"
 # Settings that change no row: a run may resume with a different batch size or server address.

@@ -432,7 +432,7 @@ def test_unknown_format_and_foreign_folder_are_one_line_errors(natives, targets,
 def test_native_export_validates_and_copies(natives, tmp_path):
     drafter, native = natives("llama", "eagle")
     out = export_drafter(native, "native", tmp_path / "copy")
-    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in native.iterdir())
+    assert sorted(p.name for p in out.iterdir()) == sorted([p.name for p in native.iterdir()] + ["draftheads_export.json"])
     broken = edited_native(native, tmp_path / "broken", {"type": "medusa", "num_heads": 2})  # eagle tensors, medusa config
     with pytest.raises(DraftheadsError, match="does not match its config.json"):
         export_drafter(broken, "native", tmp_path / "bad")

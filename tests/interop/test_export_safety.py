@@ -1,0 +1,90 @@
+"""Export never removes what it did not write: refused --out folders keep every file, in one-line errors."""
+
+import json
+
+import pytest
+
+import draftheads
+from draftheads.core.errors import DraftheadsError
+from draftheads.interop.export import export_drafter
+from draftheads.interop.native import save_drafter
+
+
+@pytest.fixture
+def run(tmp_path, llama_target):
+    """runs/R with two complete checkpoints, best/ and final/, like a finished training run."""
+    run = tmp_path / "runs" / "R"
+    drafter = draftheads.build_drafter("medusa", llama_target, num_heads=2, lm_head="own")  # no target needed to export
+    for where in ("step_000010", "step_000020", "best", "final"):
+        save_drafter(drafter, run / where / "drafter", target=llama_target)
+    for step in ("step_000010", "step_000020"):
+        (run / step / "COMPLETE").write_text("")
+        (run / step / "trainer_state.json").write_text("{}")
+    return run
+
+
+def snapshot(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def refused(run, out, match, fmt="vllm", **kw):
+    before = snapshot(run.parent.parent)
+    with pytest.raises(DraftheadsError, match=match) as info:
+        export_drafter(run, fmt, out, **kw)
+    assert "\n" not in str(info.value)
+    assert snapshot(run.parent.parent) == before  # nothing removed, nothing half-written
+    return str(info.value)
+
+
+def test_the_run_folder_and_folders_around_the_drafter_are_refused(run):
+    refused(run, run, "holds or lies inside the drafter", overwrite=True)
+    refused(run, run / "final", "holds or lies inside the drafter", overwrite=True)
+    refused(run, run / "final" / "drafter" / "sub", "holds or lies inside the drafter")
+    refused(run, run.parent, "holds or lies inside the drafter", overwrite=True)
+
+
+def test_other_runs_and_data_folders_are_refused(run, tmp_path):
+    other = tmp_path / "runs" / "other"
+    (other / "step_000001").mkdir(parents=True)
+    refused(run, other, "holds training checkpoints, drafters or data", overwrite=True)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "draftheads_data.json").write_text("{}")
+    refused(run, data, "a run or data folder", overwrite=True)
+
+
+def test_a_users_folder_keeps_its_files(run, tmp_path):
+    mine = tmp_path / "runs" / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    refused(run, mine, "not empty and is not a draftheads export", overwrite=True)
+    assert (mine / "notes.txt").read_text() == "keep me"
+    (tmp_path / "runs" / "afile").write_text("x")
+    refused(run, tmp_path / "runs" / "afile", "is a file")
+    refused(run, tmp_path / "runs" / "afile" / "below", "not a writable folder")
+
+
+def test_a_previous_export_is_replaced_only_with_overwrite_and_only_by_the_same_format(run, tmp_path):
+    out = tmp_path / "runs" / "exported"
+    export_drafter(run, "vllm", out)
+    refused(run, out, "previous 'vllm' export; pass --overwrite")
+    refused(run, out, "previous 'vllm' export, not 'tgi'", fmt="tgi", overwrite=True)
+    (out / "config.json").write_text("{}")  # replaced, not merged: the export is whole again
+    export_drafter(run, "vllm", out, overwrite=True)
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["MedusaModel"]
+    native = tmp_path / "runs" / "copy"
+    export_drafter(run, "native", native)
+    export_drafter(run, "native", native, overwrite=True)  # a native copy is a previous export too
+    assert json.loads((native / "draftheads_export.json").read_text())["format"] == "native"
+
+
+def test_folders_beside_out_are_never_touched(run, tmp_path):
+    out = tmp_path / "runs" / "exported"
+    for name in ("exported.tmp", "exported.old", ".exported.old"):
+        (tmp_path / "runs" / name).mkdir()
+        (tmp_path / "runs" / name / "mine.txt").write_text("keep")
+    export_drafter(run, "vllm", out)
+    export_drafter(run, "vllm", out, overwrite=True)
+    for name in ("exported.tmp", "exported.old", ".exported.old"):
+        assert (tmp_path / "runs" / name / "mine.txt").read_text() == "keep"
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [".exported.old", "R", "exported", "exported.old", "exported.tmp"]
