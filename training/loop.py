@@ -177,6 +177,12 @@ def train(run: Run, after_step=None) -> None:
 
     recipe, acc, state = run.recipe, run.accelerator, run.state
     cfg = recipe.train
+    final = run.run_dir / FINAL / DRAFTER
+    if state["step"] >= cfg.max_steps and final.is_dir():
+        acc.print(f"draftheads: {run.run_dir} has finished ({state['step']} of {cfg.max_steps} steps; drafter in {final}); "
+                  f"to train further raise train.max_steps and set train.resume={C.list_checkpoints(run.run_dir)[-1]}, "
+                  "or set train.output_dir for a new run")
+        return
     start_trackers(acc, recipe.log, recipe.name, recipe.to_dict())
     batches = micro_batches(run)
     window = DepthStats(state["window"])
@@ -287,7 +293,7 @@ def write_best(run: Run, drafter, folder: Path, entry: dict) -> None:
 def save(run: Run) -> Path:
     """Checkpoint the current step (all processes), then prune old ones (never the best)."""
     folder = C.save_checkpoint(run.accelerator, run.run_dir, run.state["step"], exportable_drafter(run), run.state,
-                               run.recipe.to_dict(), run.target)
+                               run.recipe.to_dict(), run.scheduler, run.target)
     if run.accelerator.is_main_process:
         C.prune(run.run_dir, run.recipe.train.keep_last, protect=run.state["best_step"])
     run.accelerator.wait_for_everyone()

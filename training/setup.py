@@ -1,8 +1,8 @@
 """Everything the training loop needs, built once: accelerator, target, drafter, rows, optimizer, schedule.
 
 `setup` returns a `Run`; the loop in loop.py reads it top to bottom. Resuming happens here too:
-weights, optimizer, scheduler and RNG come back through accelerator.load_state, the data position
-and logged history through the trainer state.
+weights, optimizer and RNG come back through accelerator.load_state, the LR schedule from its JSON,
+the data position and logged history through the trainer state (training/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def setup(recipe, accelerator, target=None, drafter=None) -> Run:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.warmup_steps, cfg.max_steps, cfg.schedule))
     configure_backend(accelerator, cfg)
     module, optimizer = accelerator.prepare(DraftLoss(drafter), optimizer)
-    accelerator.register_for_checkpointing(scheduler)
+    # the scheduler is saved as JSON by training/checkpoint.py: registered with accelerate it would be pickled
     set_seed(cfg.seed + accelerator.process_index)  # per-process noise (EAGLE input noise, dropout)
     run = Run(recipe, accelerator, model, drafter, module, optimizer, scheduler, rowset, lengths, train_idx, eval_idx,
               new_state(), recipe.run_dir)
@@ -214,10 +214,13 @@ def resume(run: Run) -> None:
     cfg, acc = run.recipe.train, run.accelerator
     for folder in incomplete_checkpoints(run.run_dir):
         acc.print(f"draftheads: skipping half-written checkpoint {folder} (no {COMPLETE} marker)")
-    folder = C.find_resume(run.run_dir, cfg.resume)
-    if folder is not None:
-        run.state = C.load_checkpoint(acc, folder)
-        acc.print(f"draftheads: resuming from {folder} (step {run.state['step']})")
+    folder = C.find_resume(run.run_dir, cfg.resume, warn=acc.print)
+    if folder is None:
+        return
+    if cfg.resume == "auto":  # an explicit train.resume is a deliberate continuation, new settings and all
+        C.check_same_settings(folder, run.recipe.to_dict())
+    run.state = C.load_checkpoint(acc, folder, run.scheduler)
+    acc.print(f"draftheads: resuming from {folder} (step {run.state['step']})")
 
 
 def configure_backend(accelerator, cfg) -> None:

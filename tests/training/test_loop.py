@@ -252,5 +252,6 @@ def test_medusa2_checkpoints_hold_the_adapter_not_the_frozen_target(tmp_path, da
     assert under_target and all("lora_" in k for k in under_target)
     assert any(k.startswith("drafter.medusa.heads.") for k in saved)  # Medusa-2 holds the heads as `medusa`
     # resume restores from that checkpoint into a fresh target and carries on
-    resumed = run_training(tiny_recipe(data_dir, tmp_path / "run", head, max_steps=3), target=make_target("llama", tokenizer))
+    resumed = run_training(tiny_recipe(data_dir, tmp_path / "run", head, max_steps=3, resume=str(run_dir / "step_000002")),
+                           target=make_target("llama", tokenizer))  # more steps: a deliberate continuation
     assert json.loads((resumed / "final" / "metrics.json").read_text())["steps"] == 3
