@@ -24,6 +24,7 @@ from draftheads.core.drafter import TrainableDrafter
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import write_folder
 from draftheads.core.run_folder import drafter_candidates
+from draftheads.core.targets import locate_target
 from draftheads.core.version import __version__
 from draftheads.heads.common import place_like, target_dims, text_config
 from draftheads.heads.factory import head_config, new_drafter
@@ -202,29 +203,36 @@ class SavedDrafter:
         """The target's full (text) config: layer sizes, rope, norms for an engine's config.json."""
         if isinstance(self.target_ref, torch.nn.Module):
             return text_config(self.target_ref.config)
-        name = self.target_name()
-        if not name:
-            raise DraftheadsError("this export needs the target's config but the drafter records no target; pass --target PATH_OR_HUB_ID")
+        where, extra = self.target_location()
         from transformers import AutoConfig
 
         try:
-            return text_config(AutoConfig.from_pretrained(name))
+            return text_config(AutoConfig.from_pretrained(where, **extra))
         except (OSError, ValueError) as e:
-            raise DraftheadsError(f"cannot read the target config from '{name}' ({str(e).splitlines()[0][:120]}); pass --target PATH") from None
+            raise DraftheadsError(f"cannot read the target config from '{self.target_name()}' ({str(e).splitlines()[0][:120]}); "
+                                  "pass --target PATH") from None
 
     def target_lm_head(self) -> torch.Tensor:
         """[V, H] the target's output-embedding weight (engines without a shared lm_head need a copy)."""
         if isinstance(self.target_ref, torch.nn.Module):
             return self.target_ref.get_output_embeddings().weight.detach().cpu()
-        return read_target_tensor(self.target_name(), ("lm_head.weight", "model.embed_tokens.weight"))
+        where, _ = self.target_location()
+        return read_target_tensor(where, ("lm_head.weight", "model.embed_tokens.weight"))
+
+    def target_location(self) -> tuple[str, dict]:
+        """Where the target is, resolved as load_target resolves it (the embedded alias included), offline."""
+        name = self.target_name()
+        if not name:
+            raise DraftheadsError("this export needs the target's config but the drafter records no target; pass --target PATH_OR_HUB_ID")
+        return locate_target(name)
 
 
-def read_target_tensor(name: str | None, keys: tuple[str, ...]) -> torch.Tensor:
-    """The first of `keys` found in the target's safetensors files (local folder or HF cache)."""
+def read_target_tensor(name: str, keys: tuple[str, ...]) -> torch.Tensor:
+    """The first of `keys` found in the target's safetensors files (a local folder, or a hub id in the HF cache)."""
     from safetensors import safe_open
 
-    folder = Path(name) if name and Path(name).is_dir() else None
-    if folder is None and name:
+    folder = Path(name) if Path(name).is_dir() else None
+    if folder is None:
         try:
             from huggingface_hub import snapshot_download
 

@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.training.chat import SENTINEL, add_reply, encode, end_of_turn_id, render_text, stop_token_ids
-from draftheads.training.target import attach_chat_template, from_hub, locate
+from draftheads.core.targets import locate_target
+from draftheads.training.target import attach_chat_template, from_hub
 
 BACKOFF_SECONDS = 1.0  # first retry waits this long, then doubles
 TIMEOUT_SECONDS = 600.0
@@ -33,7 +34,7 @@ def load_tokenizer(target_cfg):
     """The target's tokenizer alone (the weights live on the server), with a chat template."""
     from transformers import AutoTokenizer
 
-    where, extra = locate(target_cfg.name)
+    where, extra = locate_target(target_cfg.name)
     tokenizer = from_hub(AutoTokenizer.from_pretrained, target_cfg.name, where, revision=target_cfg.revision,
                           trust_remote_code=target_cfg.trust_remote_code, **extra)
     attach_chat_template(tokenizer, target_cfg.chat_template, target_cfg.name)

@@ -11,7 +11,7 @@ import torch
 
 from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
-from draftheads.training.embedded import ALIASES, embedded_checkpoint
+from draftheads.core.targets import locate_target
 from draftheads.training.hardware import resolve_device, resolve_dtype
 
 
@@ -33,29 +33,11 @@ class TargetConfig:
               f"target.device '{self.device}' is not one of auto, cpu, cuda, cuda:N, mps")
 
 
-def locate(spec: str) -> tuple[str, dict]:
-    """(path or hub id for from_pretrained, extra kwargs) for a target spec."""
-    if spec in ALIASES:
-        return str(embedded_checkpoint(spec)), {}
-    path = Path(spec).expanduser()
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise DraftheadsError(f"GGUF file '{spec}' not found; check the path")
-        return str(path.parent), {"gguf_file": path.name}
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise DraftheadsError(f"'{spec}' is a folder without config.json; point target.name at a Hugging Face model folder")
-        return str(path), {}
-    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
-        raise DraftheadsError(f"target '{spec}' does not exist; give an existing folder, a .gguf file, a hub id or 'smollm2-135m'")
-    return spec, {}
-
-
 def load_target_config(spec: str, revision: str | None = None, trust_remote_code: bool = False):
     """The target's transformers config, without loading weights."""
     from transformers import AutoConfig
 
-    where, extra = locate(spec)
+    where, extra = locate_target(spec)
     return from_hub(AutoConfig.from_pretrained, spec, where, revision=revision, trust_remote_code=trust_remote_code, **extra)
 
 
@@ -76,7 +58,7 @@ def load_target(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    where, extra = locate(spec)
+    where, extra = locate_target(spec)
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     common = dict(revision=revision, trust_remote_code=trust_remote_code, **extra)
