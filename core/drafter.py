@@ -90,6 +90,8 @@ class TrainableDrafter(Drafter, Protocol):
     """
 
     config: Any  # the head's config dataclass, saved as config.json's "head"
+    hidden_size: int  # the target sizes it was built for
+    vocab_size: int
     vocab: Any  # heads/draft_vocab.py: DraftVocabulary (restricted) or FullVocabulary
     trains_target: bool  # Medusa-2: the loss runs the LoRA-adapted target itself, so no cached features
 

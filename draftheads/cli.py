@@ -8,6 +8,7 @@ and transformers (seconds), which parsing arguments and `--help` never need.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from draftheads.core.errors import DraftheadsError
@@ -174,9 +175,12 @@ def _split(text: str) -> list[str]:
 
 def _number(text: str, flag: str) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        raise DraftheadsError(f"{flag}: '{text}' is not a number; give comma-separated values like 0,0.7,1.0") from None
+        value = float("nan")
+    if not math.isfinite(value):
+        raise DraftheadsError(f"{flag}: '{text}' is not a finite number; give comma-separated values like 0,0.7,1.0")
+    return value
 
 
 if __name__ == "__main__":

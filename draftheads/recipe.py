@@ -100,7 +100,7 @@ def load_recipe(name_or_path: str, overrides: list[str] = ()) -> Recipe:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
-        raise DraftheadsError(f"recipe {source} is not valid YAML{at}: {getattr(e, 'problem', e)}") from None
+        raise DraftheadsError(f"recipe {source} is not valid YAML{at}: {getattr(e, 'problem', e)}; correct the file there") from None
     if not isinstance(data, dict):
         raise DraftheadsError(f"recipe {source} must be a mapping with sections target, head, data, train, log, eval")
     for item in overrides:

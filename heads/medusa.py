@@ -113,6 +113,7 @@ class MedusaDrafter(nn.Module):
     def __init__(self, config: MedusaConfig, hidden_size: int, vocab_size: int):
         super().__init__()
         self.config = config
+        self.hidden_size, self.vocab_size = hidden_size, vocab_size
         self.heads = nn.ModuleList(
             [nn.Sequential(*[ResidualBlock(hidden_size) for _ in range(config.num_layers)]) for _ in range(config.num_heads)]
         )

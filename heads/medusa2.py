@@ -51,6 +51,14 @@ class Medusa2Drafter(nn.Module):
         return self.medusa.vocab
 
     @property
+    def hidden_size(self) -> int:
+        return self.medusa.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.medusa.vocab_size
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.medusa.dtype
 

@@ -29,5 +29,6 @@ class EvalConfig:
         check(all(t >= 0 for t in self.temperatures), "eval.temperatures must be >= 0")
         check(self.limit is None or self.limit > 0, "eval.limit must be positive")
         check(self.max_new_tokens > 0, "eval.max_new_tokens must be positive")
-        check(self.typical_epsilon > 0 and self.typical_delta > 0, "eval.typical_epsilon and eval.typical_delta must be positive")
+        for name in ("typical_epsilon", "typical_delta"):  # at 1 or above nothing but a certain token could be accepted
+            check(0 < getattr(self, name) < 1, f"eval.{name} must be in (0, 1), got {getattr(self, name)}")
         parse_tree(self.tree, "eval.tree")  # a bad or oversized tree is refused with the recipe

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import collections
 import datetime
+import math
+import os
 from pathlib import Path
 
 import yaml
@@ -51,6 +53,7 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
     target_model: (model, tokenizer) to use instead of loading `target` (tests, the demo).
     """
     check_settings(accept, temperatures, max_new_tokens, limit)
+    check_report_folder(out)  # before minutes of work, not after
     requested = parse_tree(tree)
     budget = requested.budget if isinstance(requested, AutoTreeSpec) else None
     model, tokenizer, target_info = load_eval_target(target, dtype, drafters, target_model)
@@ -101,8 +104,8 @@ def check_settings(accept, temperatures, max_new_tokens: int, limit) -> None:
         check_rule(rule)
     if not accept or not temperatures:
         raise DraftheadsError("give at least one acceptance rule and one temperature")
-    if any(t < 0 for t in temperatures):
-        raise DraftheadsError(f"temperatures must be >= 0, got {list(temperatures)}")
+    if any(not math.isfinite(t) or t < 0 for t in temperatures):
+        raise DraftheadsError(f"temperatures must be finite numbers >= 0, got {list(temperatures)}")
     if max_new_tokens < 1 or (limit is not None and limit < 1):
         raise DraftheadsError("max_new_tokens and limit must be positive")
 
@@ -326,6 +329,20 @@ def compare_outputs(plain: list, spec: list, cfg: RunConfig, conversations) -> d
 def _mean_logprob(outputs) -> float | None:
     count = sum(o.logprob_count for o in outputs)
     return sum(o.logprob_sum for o in outputs) / count if count else None
+
+
+def check_report_folder(out: str | None) -> None:
+    """--out must be a new or empty folder, or an earlier report's (whose files are replaced), somewhere writable."""
+    if out is None:
+        return  # a new timestamped folder
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise DraftheadsError(f"--out {out} is a file; give a folder for the report")
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / "report.json").is_file():
+        raise DraftheadsError(f"--out {out} is not empty and holds no earlier report; give a new or empty folder")
+    parent = next(p for p in [folder.absolute(), *folder.absolute().parents] if p.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise DraftheadsError(f"cannot write the report to --out {out}: {parent} is not a writable folder; choose another place")
 
 
 def report_folder(out: str | None, drafters: list[str]) -> Path:

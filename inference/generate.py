@@ -15,15 +15,17 @@ the same statistics give the baseline timings.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
 import torch
 
 from draftheads.core.errors import DraftheadsError
-from draftheads.core.drafter import Drafter, Proposal
+from draftheads.core.drafter import Drafter, Proposal, TrainableDrafter
 from draftheads.core.sampling import sample, top1, warp_probs
 from draftheads.core.tree import AutoTreeSpec, DynamicTreeSpec, Tree, parse_tree
+from draftheads.heads.common import target_dims
 from draftheads.inference.accept import accept, check_rule
 from draftheads.inference.stats import GenerationStats
 from draftheads.inference.verify import check_length, compact_cache, new_cache, prefill, verify
@@ -191,6 +193,8 @@ def speculative_generate(
     settings = decode_settings(target, accept, temperature, top_k, top_p, max_new_tokens, eos_token_id,
                                typical_epsilon, typical_delta)
     spec = resolve_tree(drafter, tree)
+    if drafter is not None:
+        check_drafter_fits(drafter, target)
     check_length(target, input_ids.shape[1] + max_new_tokens + (1 if spec is None else spec.num_nodes))
     generator = torch.Generator(device=input_ids.device).manual_seed(seed)
     decoder = Decoder(target, drafter, spec, settings, generator)
@@ -215,18 +219,23 @@ def check_inputs(target, input_ids) -> torch.Tensor:
                               "load the target with attn_implementation='sdpa' (or 'eager')")
     if ids.shape[0] != 1:
         raise DraftheadsError(f"speculative_generate takes one prompt at a time (batch 1), got batch {ids.shape[0]}; loop over prompts")
+    vocab = target_dims(target.config).vocab_size
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        bad = int(ids.max()) if int(ids.max()) >= vocab else int(ids.min())
+        raise DraftheadsError(f"input_ids hold token id {bad}, outside the target's vocabulary of {vocab}; "
+                              "tokenize the prompt with the target's own tokenizer")
     return ids.to(target.device)
 
 
 def decode_settings(target, rule, temperature, top_k, top_p, max_new_tokens, eos_token_id, epsilon, delta) -> DecodeSettings:
     check_rule(rule)
-    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+    if not math.isfinite(temperature) or temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
         raise DraftheadsError(f"bad sampling settings temperature={temperature}, top_p={top_p}, top_k={top_k}; "
                               "need temperature >= 0, 0 < top_p <= 1, top_k >= 0")
     if max_new_tokens < 1:
         raise DraftheadsError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if epsilon <= 0 or delta <= 0:
-        raise DraftheadsError(f"typical_epsilon and typical_delta must be positive, got {epsilon} and {delta}")
+    if not (0 < epsilon < 1 and 0 < delta < 1):  # at 1 or above nothing but a certain token could be accepted
+        raise DraftheadsError(f"typical_epsilon and typical_delta must be in (0, 1), got {epsilon} and {delta}")
     return DecodeSettings(rule, float(temperature), int(top_k), float(top_p), int(max_new_tokens),
                     eos_ids(target, eos_token_id), float(epsilon), float(delta))
 
@@ -243,6 +252,17 @@ def eos_ids(target, eos_token_id) -> frozenset:
     if isinstance(eos_token_id, int):
         return frozenset([eos_token_id])
     return frozenset(int(i) for i in eos_token_id)
+
+
+def check_drafter_fits(drafter, target) -> None:
+    """A learned drafter must have been built for a target of this hidden size and vocabulary."""
+    if not isinstance(drafter, TrainableDrafter):
+        return  # prompt lookup, and drafters of the caller's own: nothing to compare
+    dims = target_dims(target.config)
+    if (drafter.hidden_size, drafter.vocab_size) != (dims.hidden_size, dims.vocab_size):
+        raise DraftheadsError(f"this drafter was built for a target with hidden size {drafter.hidden_size} and vocabulary "
+                              f"{drafter.vocab_size}, but this target has {dims.hidden_size} and {dims.vocab_size}; "
+                              "use the target it was trained on")
 
 
 def resolve_tree(drafter, tree) -> Tree | DynamicTreeSpec | None:

@@ -96,9 +96,10 @@ def check_out(out: Path, fmt: str, saved: SavedDrafter, overwrite: bool) -> None
 
 
 def holds_training_work(folder: Path) -> bool:
-    """A run folder (checkpoints, final/ or best/ drafters) or a `draftheads data` folder."""
+    """A run folder (checkpoints, final/ or best/ drafters), a `draftheads data` folder or any saved dataset."""
     return bool(list_checkpoints(folder) or incomplete_checkpoints(folder) or (folder / FINAL / DRAFTER).exists()
-                or (folder / BEST / DRAFTER).exists() or (folder / DATA_MARKER).exists())
+                or (folder / BEST / DRAFTER).exists() or (folder / DATA_MARKER).exists()
+                or (folder / "dataset_info.json").exists() or (folder / "dataset_dict.json").exists())
 
 
 def previous_export(folder: Path) -> str | None:

@@ -15,14 +15,13 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.heads.common import place_like
 from draftheads.heads.factory import head_config, new_drafter
 from draftheads.interop import tgi, vllm
 from draftheads.interop.eagle_layout import EAGLE3_ARCHS, EAGLE_ARCHS, eagle_from_engine, read_eagle3
-from draftheads.interop.native import FORMAT, PROVENANCE, load_native, read_config, resolve_drafter_folder
+from draftheads.interop.native import FORMAT, PROVENANCE, load_native, read_config, read_weights, resolve_drafter_folder
 
 STRUCTURE = {"medusa": ("type", "num_heads", "num_layers", "lm_head", "draft_vocab_size"), "eagle": ("type", "eagle3", "feature_layers", "draft_vocab_size")}
 
@@ -91,7 +90,7 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
     if files:
         out = {}
         for file in files:
-            out.update(load_file(str(file)))
+            out.update(read_weights(file))
         return out
     for name in ("pytorch_model.bin", "medusa_lm_head.pt", "model.pt"):
         if (folder / name).is_file():

@@ -135,11 +135,20 @@ def check_target(saved: dict | None, target, folder: Path) -> None:
             )
 
 
+def read_weights(file: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors on the CPU; a damaged file is a one-line error."""
+    try:
+        return load_file(str(file), device="cpu")
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for a truncated or foreign file
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise DraftheadsError(f"{file} is damaged and cannot be read ({first}); re-save or re-export the drafter") from None
+
+
 def load_weights(module: torch.nn.Module, file: Path) -> None:
     """Strict load from safetensors (no pickle); missing or unexpected tensors are a one-line error."""
     if not file.is_file():
         raise DraftheadsError(f"'{file}' not found; the drafter folder is incomplete, re-export it")
-    state = load_file(str(file), device="cpu")
+    state = read_weights(file)
     expected = set(module.state_dict())
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
@@ -172,7 +181,7 @@ class SavedDrafter:
                                   "(load engine folders with load_drafter)")
         if not (folder / WEIGHTS).is_file():
             raise DraftheadsError(f"'{folder / WEIGHTS}' not found; the drafter folder is incomplete")
-        return cls(folder, config, load_file(str(folder / WEIGHTS)), target_ref)
+        return cls(folder, config, read_weights(folder / WEIGHTS), target_ref)
 
     @property
     def head(self) -> dict:

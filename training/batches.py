@@ -8,12 +8,14 @@ as (epoch, batches consumed) without replaying anything.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from draftheads.core.errors import DraftheadsError
+from draftheads.core.run_folder import DATA_MARKER
 
 COLUMNS = ("input_ids", "loss_mask")
 
@@ -25,10 +27,16 @@ def load_rows(data_dir: str | Path):
     path = Path(data_dir)
     if not path.exists():
         raise DraftheadsError(f"training data '{path}' not found; run `draftheads data RECIPE` first or set data.output")
+    meta = path / DATA_MARKER
+    if meta.is_file() and not json.loads(meta.read_text() or "{}").get("complete"):
+        raise DraftheadsError(f"'{path}' is unfinished: its `draftheads data` run stopped before the end; rerun "
+                              "`draftheads data RECIPE` to finish it")
     try:
         rows = load_from_disk(str(path))
-    except (FileNotFoundError, ValueError) as e:
-        raise DraftheadsError(f"'{path}' is not a dataset saved by `draftheads data`: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # noqa: BLE001 - datasets and pyarrow raise many types for a damaged folder
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise DraftheadsError(f"'{path}' cannot be read as a dataset saved by `draftheads data` ({first}); regenerate it "
+                              "with `draftheads data RECIPE --overwrite`") from None
     if hasattr(rows, "keys") and not hasattr(rows, "column_names"):  # a DatasetDict
         if "train" not in rows:
             raise DraftheadsError(f"dataset '{path}' has splits {list(rows)} but no 'train' split")
@@ -38,7 +46,11 @@ def load_rows(data_dir: str | Path):
         raise DraftheadsError(f"dataset '{path}' lacks column(s) {', '.join(missing)}; regenerate it with `draftheads data`")
     if len(rows) == 0:
         raise DraftheadsError(f"dataset '{path}' is empty; regenerate it with more data.num_prompts")
-    return rows.with_format("numpy", columns=list(COLUMNS))
+    rows = rows.with_format("numpy", columns=list(COLUMNS))
+    if not any(mask.any() for start in range(0, len(rows), 1024) for mask in rows[start : start + 1024]["loss_mask"]):
+        raise DraftheadsError(f"dataset '{path}' has no generated tokens to train on (every loss_mask is 0); regenerate it "
+                              "with `draftheads data`, whose rows mark the target's answers")
+    return rows
 
 
 def row_lengths(rows, max_length: int) -> np.ndarray:

@@ -27,6 +27,7 @@ from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
 from draftheads.training import datastore
 from draftheads.training.batch_generate import LocalBackend
+from draftheads.training.hardware import check_cpu_launch
 from draftheads.training.chat import show_mask, start_chat
 from draftheads.training.openai_backend import OpenAIBackend, load_tokenizer
 from draftheads.training.prompts import PromptSource, collect_prompts, read_prompts, save_prompts
@@ -87,6 +88,7 @@ class Processes:
 
 def processes(device: str = "auto") -> Processes:
     # Only touch accelerate's global state when launched distributed: tests and plain runs stay free of it.
+    check_cpu_launch("data")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return Processes()
@@ -107,22 +109,29 @@ def run_data(recipe, *, overwrite: bool = False, dry_run: bool = False, target=N
         print_examples(recipe, target)
         return recipe.data_dir
     out, procs = recipe.data_dir, processes(recipe.target.device)
-    if procs.is_main:
-        datastore.prepare_folder(out, recipe, overwrite)
-    procs.wait()
-    if datastore.is_complete(out):
+    plan = datastore.folder_plan(out, recipe, overwrite)  # refuses a folder it may not use, writing nothing
+    if plan == "resume" and datastore.is_complete(out):
         if procs.is_main:
             datastore.print_summary(out)
         return out
+    # the target (and its chat template) must load before the folder is claimed for these settings
     backend, tokenizer = make_backend(recipe, target, procs)
-    grown = datastore.read_meta(out).get("grown_from")  # set while a finished folder grows
-    prompts, skipped = ensure_prompts(out, recipe.data, backend, procs, grown)
-    kept = grown["prompts"] if grown else 0  # answered before the folder grew
-    chats, plan_skips = plan_chats(prompts[kept:], tokenizer, recipe.data, first_id=kept)
-    skipped.update(plan_skips)
-    if not chats:
-        reasons = "; ".join(f"{n} {r}" for r, n in skipped.items())
-        raise DraftheadsError(f"no prompt left to answer ({reasons}); raise data.max_length or set data.truncate=true")
+    if procs.is_main:
+        datastore.prepare_folder(out, recipe, plan)
+    procs.wait()
+    try:
+        grown = datastore.read_meta(out).get("grown_from")  # set while a finished folder grows
+        prompts, skipped = ensure_prompts(out, recipe.data, backend, procs, grown)
+        kept = grown["prompts"] if grown else 0  # answered before the folder grew
+        chats, plan_skips = plan_chats(prompts[kept:], tokenizer, recipe.data, first_id=kept)
+        skipped.update(plan_skips)
+        if not chats:
+            reasons = "; ".join(f"{n} {r}" for r, n in skipped.items())
+            raise DraftheadsError(f"no prompt left to answer ({reasons}); raise data.max_length or set data.truncate=true")
+    except DraftheadsError:
+        if plan == "new" and procs.is_main:  # a bad prompt source: remove the folder this run just created, if still bare
+            datastore.release_folder(out)
+        raise
     shards = datastore.split_shards(chats, recipe.data.shard_size)
     generate_shards(out, shards, backend, recipe.data, procs)
     procs.wait()

@@ -69,29 +69,51 @@ def is_complete(out: Path) -> bool:
     return bool(read_meta(out).get("complete"))
 
 
-def prepare_folder(out: Path, recipe, overwrite: bool) -> None:
-    """Create the folder, or accept it for resuming; refuse a folder holding anything else."""
+def folder_plan(out: Path, recipe, overwrite: bool) -> str:
+    """What `draftheads data` will do with `out`: 'new' (no folder yet), 'empty' (an empty folder), 'resume' (same
+    settings), 'grow' (more prompts) or 'replace' (overwrite); a folder holding anything else is refused. Writes nothing."""
     out, key = Path(out), recipe_hash(recipe)
     if out.exists() and not out.is_dir():
         raise DraftheadsError(f"data output '{out}' is a file; set data.output to a folder")
-    if out.exists() and any(out.iterdir()):
-        old = read_meta(out)
-        if not old:
-            raise DraftheadsError(f"data output '{out}' is not empty and was not written by draftheads data; "
-                                  "set data.output to another folder or empty it")
-        if not overwrite:
-            if old.get("recipe_hash") == key:
-                remove_partial(out)
-                return
-            if can_grow(old, recipe):
-                start_growing(out, old, recipe)
-                return
-            raise DraftheadsError(f"'{out}' holds data from a different recipe (hash {old.get('recipe_hash')}, now {key}); "
-                                  "rerun with --overwrite to replace it, or set data.output to another folder")
-        shutil.rmtree(out)
+    if not out.exists():
+        return "new"
+    if not any(out.iterdir()):
+        return "empty"
+    old = read_meta(out)
+    if not old:
+        raise DraftheadsError(f"data output '{out}' is not empty and was not written by draftheads data; "
+                              "set data.output to another folder or empty it")
+    if overwrite:
+        return "replace"
+    if old.get("recipe_hash") == key:
+        return "resume"
+    if can_grow(old, recipe):
+        return "grow"
+    raise DraftheadsError(f"'{out}' holds data from a different recipe (hash {old.get('recipe_hash')}, now {key}); "
+                          "rerun with --overwrite to replace it, or set data.output to another folder")
+
+
+def prepare_folder(out: Path, recipe, plan: str) -> None:
+    """Carry out folder_plan's `plan`: create the folder (claiming it for these settings), or accept it for resuming."""
+    out = Path(out)
+    if plan == "resume":
+        remove_partial(out)
+        return
+    if plan == "grow":
+        start_growing(out, read_meta(out), recipe)
+        return
+    if plan == "replace":
+        shutil.rmtree(out)  # a draftheads data folder, replaced because --overwrite asked for it
     out.mkdir(parents=True, exist_ok=True)
-    write_meta(out, {"recipe_hash": key, "complete": False, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+    write_meta(out, {"recipe_hash": recipe_hash(recipe), "complete": False, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
                      "target": to_dict(recipe.target), "data": to_dict(recipe.data)})
+
+
+def release_folder(out: Path) -> None:
+    """Remove a folder prepare_folder created for a new dataset while it holds nothing but its claim (the metadata)."""
+    out = Path(out)
+    if out.is_dir() and {p.name for p in out.iterdir()} <= {META}:
+        shutil.rmtree(out)
 
 
 def can_grow(old: dict, recipe) -> bool:

@@ -108,6 +108,19 @@ class FeatureCache:
         self.dim = manifest["dim"]
         self._starts = [_shard_offsets(self.lengths, s, self.shard_rows) for s in range(manifest["shards"])]
         self._arrays: dict[int, np.ndarray] = {}
+        for s in range(manifest["shards"]):  # a shard cut short or replaced would be read as garbage, or fail mid-run
+            self._check_shard(s)
+
+    def _check_shard(self, s: int) -> None:
+        path = self.folder / shard_name(s)
+        rows = int(self.lengths[s * self.shard_rows : (s + 1) * self.shard_rows].sum())
+        try:
+            shape = np.load(path, mmap_mode="r").shape
+        except (OSError, ValueError) as e:
+            shape = f"unreadable: {str(e).splitlines()[0][:80]}"
+        if shape != (rows, self.dim):
+            raise DraftheadsError(f"feature cache {self.folder} is damaged ({path.name}: {shape}, expected ({rows}, {self.dim})); "
+                                  f"delete {self.folder} and train again to rebuild it")
 
     def row(self, i: int) -> torch.Tensor:
         s = i // self.shard_rows

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import re
 from pathlib import Path
 
 import torch
@@ -49,3 +51,20 @@ def resolve_dtype(dtype: str | torch.dtype = "auto", device: torch.device | str 
 
 def dtype_name(dtype: torch.dtype) -> str:
     return {v: k for k, v in DTYPES.items()}[dtype]
+
+
+def check_cpu_launch(command: str = "train") -> None:
+    """`accelerate launch --cpu --num_processes N` starts one process whatever N says; refuse rather than run 1 of N.
+
+    The process cannot see N (accelerate passes it no variable), so this reads the launcher's command line."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or os.environ.get("ACCELERATE_USE_CPU", "").lower() != "true":
+        return
+    try:
+        parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:  # not Linux: nothing to read
+        return
+    found = re.search(r"--num[_-]processes[= ](\d+)", " ".join(parent))
+    if "accelerate" in " ".join(parent) and found and int(found.group(1)) > 1:
+        n = int(found.group(1))
+        raise DraftheadsError(f"accelerate launch --cpu starts one process, not {n}; for {n} CPU processes run: "
+                              f"torchrun --nproc_per_node {n} -m draftheads.{command} RECIPE")

@@ -143,8 +143,27 @@ def read_table(source: str, split: str = "train", subset: str | None = None):
     except DraftheadsError:
         raise
     except (OSError, ValueError, KeyError, datasets.exceptions.DatasetsError) as e:
+        if kind == "json" and path.is_file():
+            check_json_lines(path)  # names the line datasets could not parse
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise DraftheadsError(f"could not load prompt source '{source}' (split {split}): {first}") from None
+        raise DraftheadsError(f"could not load prompt source '{source}' (split {split}): {first}; check the file or the "
+                              "dataset name") from None
+
+
+def check_json_lines(path: Path) -> None:
+    """A one-line error for the first line of a JSON Lines file that is not JSON (a .json array file is left alone)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        lines = f.readlines()
+    if lines and lines[0].lstrip().startswith("["):
+        return
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            try:
+                json.loads(line)
+            except ValueError as e:
+                raise DraftheadsError(f"prompt file '{path}' line {number} is not valid JSON ({e.msg}); fix that line "
+                                      "(one JSON object per line)") from None
 
 
 def rename_columns(rows: list[dict], columns: dict[str, str], found: list[str], source: str) -> list[dict]:

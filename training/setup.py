@@ -22,7 +22,7 @@ from draftheads.interop.load import load_drafter
 from draftheads.training import batches as B
 from draftheads.training import checkpoint as C
 from draftheads.training.features import build_feature_cache, cache_key
-from draftheads.training.hardware import resolve_dtype
+from draftheads.training.hardware import check_cpu_launch, resolve_device, resolve_dtype
 from draftheads.training.target import load_target
 from draftheads.training.trackers import check_trackers, prepare_environment
 
@@ -99,6 +99,8 @@ def make_accelerator(recipe):
     from accelerate.utils import ProjectConfiguration
 
     cfg = recipe.train
+    check_cpu_launch("train")
+    resolve_device(recipe.target.device)  # cuda asked for without a GPU would train on the CPU, silently
     check_trackers(recipe.log.trackers)
     run_dir = recipe.run_dir
     prepare_environment(recipe.log, run_dir)

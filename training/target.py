@@ -30,7 +30,7 @@ class TargetConfig:
     def __post_init__(self):
         check(bool(self.name.strip()), "target.name is empty; give a hub id, a local folder, a .gguf file or 'smollm2-135m'")
         check(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"),
-              f"target.device '{self.device}' is not one of auto, cpu, cuda, cuda:N, mps")
+              f"target.device '{self.device}' is not a device; use auto, cpu, cuda, cuda:N or mps")
 
 
 def load_target_config(spec: str, revision: str | None = None, trust_remote_code: bool = False):
@@ -64,9 +64,13 @@ def load_target(
     common = dict(revision=revision, trust_remote_code=trust_remote_code, **extra)
     tokenizer = from_hub(AutoTokenizer.from_pretrained, spec, where, **common)
     attach_chat_template(tokenizer, chat_template, spec)
-    model = from_hub(
-        AutoModelForCausalLM.from_pretrained, spec, where, dtype=torch_dtype, attn_implementation=attn_implementation, **common
-    )
+    model, info = from_hub(AutoModelForCausalLM.from_pretrained, spec, where, dtype=torch_dtype,
+                           attn_implementation=attn_implementation, output_loading_info=True, **common)
+    if info.get("missing_keys"):  # e.g. an encoder (BERT) given a freshly initialised LM head: it would run, wrongly
+        missing = sorted(info["missing_keys"])
+        raise DraftheadsError(f"'{spec}' is not a causal language model: its checkpoint lacks {missing[0]} and "
+                              f"{len(missing) - 1} more weights {type(model).__name__} needs; give a causal LM "
+                              "(Llama, Qwen, Mistral, Gemma, ...) checkpoint")
     model.to(torch_device)
     freeze(model)
     model.name_or_path = spec
@@ -102,6 +106,9 @@ def from_hub(loader, spec: str, where: str, **kwargs):
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         hint = "pass a local model folder or .gguf file" + (" (HF_HUB_OFFLINE=1 is set)" if offline else "")
         raise DraftheadsError(f"could not load '{spec}': {_first_line(e)}; {hint}") from None
+    except Exception as e:  # noqa: BLE001 - a damaged file: safetensors, gguf and tokenizers raise their own types
+        raise DraftheadsError(f"could not load '{spec}': its files are damaged ({type(e).__name__}: {_first_line(e)}); "
+                              "download or convert the model again, or pass another one") from None
 
 
 def _first_line(e: Exception) -> str:

@@ -99,3 +99,24 @@ def test_flash_attention_targets_are_refused_with_the_fix():
     model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(DraftheadsError, match="attn_implementation='sdpa'"):
         speculative_generate(model, None, prompt_ids(), 3)
+
+
+def test_bad_api_inputs_are_one_line_errors():
+    """A token id outside the vocabulary, a NaN temperature, a drafter built for another target."""
+    import draftheads
+    from tests.fixtures import make_target
+
+    target, other = make_target("llama"), make_target("llama", hidden_size=32)
+    vocab = target.config.vocab_size
+    cases = [
+        (dict(input_ids=[[1, 2, vocab]]), f"token id {vocab}, outside the target's vocabulary"),
+        (dict(input_ids=[[1, -3, 2]]), "token id -3"),
+        (dict(input_ids=[[1, 2, 3]], accept="strict", temperature=float("nan")), "bad sampling settings"),
+        (dict(input_ids=[[1, 2, 3]], drafter=draftheads.build_drafter("medusa", other)), "built for a target with hidden size 32"),
+        (dict(input_ids=[[1, 2, 3]], drafter=draftheads.build_drafter("eagle", other)), "built for a target with hidden size 32"),
+    ]
+    for kwargs, message in cases:
+        kwargs.setdefault("drafter", None)
+        with pytest.raises(DraftheadsError, match=message) as info:
+            speculative_generate(target, kwargs.pop("drafter"), kwargs.pop("input_ids"), 4, **kwargs)
+        assert "\n" not in str(info.value)

@@ -110,3 +110,15 @@ def test_a_drafter_of_the_embedded_target_exports_offline(tmp_path, monkeypatch,
         assert json.loads((native / "config.json").read_text())["target"]["name"] == "smollm2-135m"
         out = export_drafter(native, fmt, tmp_path / f"{kind}-{fmt}")
         assert (out / "config.json").is_file()
+
+
+def test_a_read_only_destination_is_refused_before_any_work(run, tmp_path, monkeypatch):
+    """As root every folder is writable, so the read-only case is simulated: the check runs before the export."""
+    import os
+
+    from draftheads.inference.evaluate import check_report_folder
+
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    refused(run, tmp_path / "runs" / "new", "not a writable folder")
+    with pytest.raises(DraftheadsError, match="not a writable folder"):
+        check_report_folder(str(tmp_path / "report"))

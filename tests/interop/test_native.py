@@ -122,3 +122,12 @@ def test_build_drafter_rejects_unknown_types_and_keys(llama_target):
         draftheads.build_drafter("medusae", llama_target)
     with pytest.raises(DraftheadsError, match="did you mean 'num_heads'"):
         draftheads.build_drafter("medusa", llama_target, num_head=3)
+
+
+def test_a_truncated_weights_file_is_a_one_line_error(medusa, llama_target, tmp_path):
+    save_drafter(medusa, tmp_path / "d", target=llama_target)
+    weights = tmp_path / "d" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    with pytest.raises(DraftheadsError, match="is damaged and cannot be read") as info:
+        draftheads.load_drafter(tmp_path / "d", llama_target)
+    assert "\n" not in str(info.value)

@@ -251,7 +251,7 @@ def test_split_across_processes_then_merged(tmp_path, target):
     source = prompt_file(tmp_path)
     reference = load(datagen.run_data(make_recipe(tmp_path / "ref", source), target=target))
     recipe = make_recipe(tmp_path / "out", source)
-    datastore.prepare_folder(recipe.data_dir, recipe, overwrite=False)
+    datastore.prepare_folder(recipe.data_dir, recipe, datastore.folder_plan(recipe.data_dir, recipe, overwrite=False))
     backend, tok = datagen.make_backend(recipe, target, datagen.Processes())
     for index in (0, 1):  # the main process writes prompts.jsonl; the other reads it
         procs = datagen.Processes(index=index, count=2)

@@ -1,0 +1,281 @@
+"""Bad inputs through the real CLI, each in a subprocess on tiny fixture targets.
+
+For every case: a non-zero exit, no traceback, a last line `error: <problem>; <fix>` that names
+the problem, and nothing written, changed or removed, neither in the shared fixtures nor in the
+case's own folder. The cases run two at a time (the machine has two cores); each test reads its
+result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+# A last line names the fix when it says what to do: after a semicolon, or as a rule or an instruction.
+FIX_WORDS = (";", " must ", " use ", "choose", " give ", " set ", " pass ", "rerun", " run ")
+
+
+@dataclass
+class Case:
+    name: str
+    args: list[str]  # after `draftheads`, with {w} the shared fixtures' folder and {c} the case's
+    expect: str  # in the last line of stderr
+    setup: Callable[[Path, Path], None] | None = None  # (world, case folder) -> files the case needs
+    command: list[str] | None = None  # instead of `python -m draftheads` (accelerate launch: its own traceback follows ours)
+    env: dict = field(default_factory=dict)
+
+
+def copy_run(w: Path, c: Path) -> None:
+    shutil.copytree(w / "runs" / "medusa", c / "run")
+
+
+def truncate(path: Path, keep: int = 64) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+def damaged_checkpoints(w, c):
+    copy_run(w, c)
+    for step in (c / "run").glob("step_*"):
+        (step / "optimizer.bin").unlink()
+    shutil.rmtree(c / "run" / "final")
+
+
+def unfinished_run(w, c):
+    copy_run(w, c)
+    shutil.rmtree(c / "run" / "final")
+
+
+def copy_data(w, c):
+    shutil.copytree(w / "data", c / "data", ignore=shutil.ignore_patterns("features"))
+
+
+def truncated_arrow(w, c):
+    copy_data(w, c)
+    truncate(next((c / "data").glob("*.arrow")), 200)
+
+
+def truncated_shard(w, c):
+    copy_data(w, c)
+    shutil.copytree(next((w / "data" / "features").glob("*")), c / "cache")
+    truncate(c / "cache" / "shard_00000.npy", 300)
+
+
+def zero_loss_mask(w, c):
+    from datasets import load_from_disk
+
+    rows = load_from_disk(str(w / "data"), keep_in_memory=True)  # map() would write a cache file beside the shared data
+    rows.map(lambda r: {"loss_mask": [0] * len(r["loss_mask"])}, keep_in_memory=True).save_to_disk(str(c / "data"))
+
+
+def killed_data_folder(w, c):
+    (c / "data" / "shards").mkdir(parents=True)
+    (c / "data" / "prompts.jsonl").write_text('{"turns": ["hi"]}\n')
+    (c / "data" / "draftheads_data.json").write_text(json.dumps({"recipe_hash": "x", "complete": False}))
+
+
+def bad_prompts(w, c):
+    lines = [json.dumps({"prompt": f"question {i}"}) for i in range(4)]
+    lines[2] = '{"prompt": "unterminated'
+    (c / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def truncated_target(w, c):
+    shutil.copytree(w / "target", c / "target")
+    truncate(c / "target" / "model.safetensors", 1000)
+
+
+def truncated_drafter(w, c):
+    copy_run(w, c)
+    truncate(c / "run" / "final" / "drafter" / "model.safetensors", 1000)
+
+
+def bad_gguf(w, c):
+    (c / "model.gguf").write_bytes(b"GGUF" + b"\0" * 60)
+
+
+def user_folder(w, c):
+    (c / "mine").mkdir()
+    (c / "mine" / "notes.txt").write_text("keep me")
+
+
+def previous_export(w, c):
+    subprocess.run([sys.executable, "-m", "draftheads", "export", str(w / "runs" / "medusa"), "--format", "tgi",
+                    "--out", str(c / "out"), "--target", str(w / "target")], check=True, capture_output=True, cwd=c)
+
+
+def a_file(w, c):
+    (c / "afile").write_text("x")
+
+
+def bad_yaml(w, c):
+    (c / "bad.yaml").write_text("target: {name: [\n")
+
+
+TRAIN = ["train", "{w}/recipe.yaml", "train.output_dir={c}/run"]
+EVAL = ["eval", "{w}/runs/medusa", "--prompts", "{w}/prompts.jsonl", "--limit", "1", "--max-new-tokens", "4"]
+EXPORT = ["export", "{w}/runs/medusa", "--target", "{w}/target"]
+DATA = ["data", "{w}/recipe.yaml", "data.output={c}/data", "data.num_prompts=2"]
+
+CASES = [
+    # recipes and overrides
+    Case("unknown-recipe", ["train", "nope"], "unknown recipe 'nope'"),
+    Case("missing-recipe-file", ["train", "{c}/missing.yaml"], "not found"),
+    Case("bad-yaml", ["train", "{c}/bad.yaml"], "not valid YAML", bad_yaml),
+    Case("unknown-key", [*TRAIN, "train.lrr=1"], "unknown key 'lrr'"),
+    Case("override-without-value", [*TRAIN, "train.lr"], "must look like section.key=value"),
+    Case("unknown-head-type", [*TRAIN, "head.type=medusae"], "unknown head type 'medusae'"),
+    Case("top-p-out-of-range", [*TRAIN, "data.top_p=1.5"], "data.top_p must be in (0, 1]"),
+    Case("oversized-default-tree", [*TRAIN, "head={{type: eagle, default_tree: 'chain:1000'}}"], "head.default_tree: tree 'chain:1000' is too large"),
+    Case("typical-epsilon-1", ["recipe", "show", "{w}/recipe.yaml", "eval.typical_epsilon=1.5", "--no-target"], "eval.typical_epsilon"),
+    Case("typical-delta-1", ["recipe", "show", "{w}/recipe.yaml", "eval.typical_delta=1", "--no-target"], "eval.typical_delta"),
+    Case("unknown-device", [*TRAIN, "target.device=tpu"], "target.device 'tpu'"),
+    Case("cuda-without-gpu", [*TRAIN, "target.device=cuda"], "no CUDA GPU"),
+    Case("demo-unknown-head", ["demo", "--heads", "foo", "--out", "{c}/demo"], "choose from eagle, medusa, mtp"),
+    # eval
+    Case("eval-nan-temperature", [*EVAL, "--accept", "strict", "--temperature", "nan"], "--temperature"),
+    Case("eval-unknown-rule", [*EVAL, "--accept", "greedyy"], "unknown acceptance rule 'greedyy'"),
+    Case("eval-oversized-chain", [*EVAL, "--tree", "chain:100000"], "too large"),
+    Case("eval-oversized-dynamic", [*EVAL, "--tree", "dynamic:500,4,10"], "too large"),
+    Case("eval-bad-static-tree", [*EVAL, "--tree", "static:x"], "bad tree 'static:x'"),
+    Case("eval-missing-drafter", ["eval", "{c}/nope", "--prompts", "{w}/prompts.jsonl"], "does not exist"),
+    Case("eval-out-dot", [*EVAL, "--out", "."], "--out . is not empty", a_file),
+    Case("eval-out-under-a-file", [*EVAL, "--out", "{c}/afile/report"], "not a writable folder", a_file),
+    Case("eval-missing-prompts", ["eval", "{w}/runs/medusa", "--prompts", "{c}/missing.jsonl"], "does not exist"),
+    Case("eval-truncated-drafter", ["eval", "{c}/run", "--target", "{w}/target", "--prompts", "{w}/prompts.jsonl"],
+         "model.safetensors", truncated_drafter),
+    Case("eval-truncated-target", ["eval", "{w}/runs/medusa", "--target", "{c}/target", "--prompts", "{w}/prompts.jsonl"],
+         "its files are damaged", truncated_target),
+    Case("eval-truncated-gguf", ["eval", "lookup", "--target", "{c}/model.gguf", "--prompts", "{w}/prompts.jsonl"], "model.gguf", bad_gguf),
+    Case("eval-drafter-of-another-target", ["eval", "{w}/runs/medusa", "--target", "{w}/other", "--prompts", "{w}/prompts.jsonl"],
+         "was trained for a target"),
+    Case("eval-not-a-causal-lm", ["eval", "lookup", "--target", "{w}/bert", "--prompts", "{w}/prompts.jsonl"], "not a causal language model"),
+    # export
+    Case("export-unknown-format", [*EXPORT, "--format", "vlm", "--out", "{c}/out"], "unknown export format 'vlm'"),
+    Case("export-into-the-run", [*EXPORT, "--format", "vllm", "--out", "{w}/runs/medusa", "--overwrite"], "lies inside the drafter"),
+    Case("export-into-a-users-folder", [*EXPORT, "--format", "vllm", "--out", "{c}/mine", "--overwrite"], "not a draftheads export", user_folder),
+    Case("export-into-data", [*EXPORT, "--format", "vllm", "--out", "{w}/data", "--overwrite"], "a run or data folder"),
+    Case("export-over-a-previous-export", [*EXPORT, "--format", "tgi", "--out", "{c}/out"], "pass --overwrite", previous_export),
+    Case("export-onto-a-file", [*EXPORT, "--format", "vllm", "--out", "{c}/afile"], "is a file", a_file),
+    Case("export-truncated-drafter", ["export", "{c}/run", "--format", "vllm", "--out", "{c}/out", "--target", "{w}/target"],
+         "model.safetensors", truncated_drafter),
+    Case("export-missing-source", ["export", "{c}/nope", "--format", "vllm", "--out", "{c}/out"], "does not exist"),
+    Case("export-missing-target", [*EXPORT[:2], "--target", "{c}/nope", "--format", "vllm", "--out", "{c}/out"], "does not exist"),
+    # training
+    Case("train-changed-settings", [*TRAIN, "train.lr=0.01", "train.seed=5"], "trained with other settings", unfinished_run),
+    Case("train-mtp-at-a-medusa-run", [*TRAIN, "head={{type: mtp, depth: 2}}"], "head.type: 'medusa' -> 'mtp'", unfinished_run),
+    Case("train-damaged-checkpoints", TRAIN, "no intact checkpoint", damaged_checkpoints),
+    Case("train-missing-resume", [*TRAIN, "train.resume={c}/nope"], "not found"),
+    Case("train-missing-data", [*TRAIN, "data.output={c}/nope"], "not found"),
+    Case("train-truncated-arrow", [*TRAIN, "data.output={c}/data"], "data", truncated_arrow),
+    Case("train-truncated-feature-shard", [*TRAIN, "data.output={c}/data", "train.mode=offline", "train.feature_dtype=fp32",
+                                           "train.feature_cache={c}/cache"], "shard_00000.npy", truncated_shard),
+    Case("train-all-zero-loss-mask", [*TRAIN, "data.output={c}/data"], "no generated tokens", zero_loss_mask),
+    Case("train-unfinished-data", [*TRAIN, "data.output={c}/data"], "unfinished", killed_data_folder),
+    Case("train-not-a-causal-lm", [*TRAIN, "target.name={w}/bert"], "not a causal language model"),
+    Case("train-two-cpu-processes", ["{w}/recipe.yaml", "train.output_dir={c}/run"], "torchrun --nproc_per_node 2",
+         command=[sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "-m", "draftheads.train"]),
+    Case("data-two-cpu-processes", ["{w}/recipe.yaml", "data.output={c}/data"], "torchrun --nproc_per_node 2 -m draftheads.data",
+         command=[sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "-m", "draftheads.data"]),
+    # data
+    Case("data-malformed-prompts", [*DATA, "data.prompts=[{{source: {c}/prompts.jsonl}}]"], "line 3", bad_prompts),
+    Case("data-no-chat-template", [*DATA, "target.name={w}/notemplate"], "no chat template"),
+    Case("data-output-is-a-file", [*DATA, "data.output={c}/afile"], "is a file", a_file),
+]
+
+
+def snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory, tokenizer):
+    """The shared fixtures: tiny targets, a data folder (with a feature cache), a trained run, a recipe."""
+    from transformers import AutoConfig, AutoModel
+
+    from draftheads.training.loop import run_training
+    from tests.fixtures import make_target
+    from tests.training.train_helpers import make_dataset, reset_accelerate, tiny_recipe
+
+    w = tmp_path_factory.mktemp("world")
+    target = make_target("llama", tokenizer)
+    for name, model in (("target", target), ("other", make_target("qwen2", tokenizer))):
+        model.save_pretrained(w / name)
+        tokenizer.save_pretrained(w / name)
+    bert = AutoModel.from_config(AutoConfig.for_model("bert", vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1,
+                                                      num_attention_heads=2, intermediate_size=64))
+    bert.save_pretrained(w / "bert")
+    tokenizer.save_pretrained(w / "bert")
+    shutil.copytree(w / "target", w / "notemplate")
+    (w / "notemplate" / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((w / "notemplate" / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (w / "notemplate" / "tokenizer_config.json").write_text(json.dumps(config))
+    make_dataset(target, w / "data")
+    (w / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"Say {i}."}) + "\n" for i in range(2)))
+    recipe = tiny_recipe(w / "data", w / "runs" / "medusa", max_steps=2, save_every=1, eval_every=1).to_dict()
+    recipe.pop("derived", None)
+    recipe["target"]["name"] = str(w / "target")
+    (w / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    from draftheads.recipe import load_recipe
+
+    target.name_or_path = str(w / "target")  # what the run's drafter records, as if loaded by name
+    run_training(load_recipe(str(w / "recipe.yaml")), target=target)
+    reset_accelerate()
+    run_training(load_recipe(str(w / "recipe.yaml"), ["train.mode=offline", "train.feature_dtype=fp32",
+                                                       f"train.output_dir={w / 'runs' / 'offline'}"]), target=target)
+    reset_accelerate()
+    return w
+
+
+@pytest.fixture(scope="session")
+def results(world, tmp_path_factory):
+    """Every case run once, two at a time: name -> (process, snapshots before, snapshots after)."""
+    cases_root = tmp_path_factory.mktemp("cases")
+
+    def run(case: Case):
+        folder = cases_root / case.name
+        folder.mkdir()
+        if case.setup:
+            case.setup(world, folder)
+        args = [a.format(w=world, c=folder) for a in case.args]
+        before = (snapshot(world), snapshot(folder))
+        # nothing may be fetched: no hub, no package index (the embedded target would be pip-downloaded)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PIP_NO_INDEX": "1",
+               "DRAFTHEADS_CACHE": str(folder / ".no-cache"), **case.env}
+        command = case.command or [sys.executable, "-m", "draftheads"]
+        done = subprocess.run([*command, *args], cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+        return case.name, (done, before, (snapshot(world), snapshot(folder)))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(run, CASES))
+
+
+def test_there_are_at_least_forty_cases():
+    assert len(CASES) >= 40 and len({c.name for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input_is_refused_in_one_line_and_changes_nothing(case, results):
+    done, before, after = results[case.name]
+    stderr = done.stderr
+    if case.command:  # accelerate's launcher reports a failed child with a traceback of its own, after our line
+        assert "accelerate/commands/launch.py" in stderr.split("Traceback", 1)[-1]
+        stderr = stderr.split("Traceback", 1)[0]
+    lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith(("The following values", "\t", "To avoid"))]
+    last = lines[-1] if lines else ""
+    assert done.returncode != 0, f"exit 0; stdout: {done.stdout[-500:]}"
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert last.startswith("error: ") and case.expect in last and any(w in last for w in FIX_WORDS), last
+    assert after[0] == before[0], f"the shared fixtures changed: {sorted(k for k in set(after[0]) | set(before[0]) if after[0].get(k) != before[0].get(k))}"
+    assert after[1] == before[1], f"the case folder changed: {sorted(set(after[1]) ^ set(before[1]))}"
