@@ -258,7 +258,14 @@ def results(world, tmp_path_factory):
         return case.name, (done, before, (snapshot(world), snapshot(folder)))
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(run, CASES))
+        found = dict(pool.map(run, CASES))
+    if os.environ.get("DRAFTHEADS_LIST_CASES"):  # the table for a closing note: case, exit status, last line
+        with open(os.environ["DRAFTHEADS_LIST_CASES"], "w") as table:
+            for case in CASES:
+                done = found[case.name][0]
+                lines = [line for line in done.stderr.split("Traceback")[0].splitlines() if line.startswith("error: ")]
+                table.write(f"| {case.name} | {done.returncode} | {lines[-1] if lines else '?'} |\n")
+    return found
 
 
 def test_there_are_at_least_forty_cases():

@@ -103,6 +103,9 @@ def from_hub(loader, spec: str, where: str, **kwargs):
     except (OSError, ValueError) as e:
         if "trust_remote_code" in str(e):
             raise DraftheadsError(f"{spec} needs custom code; set target.trust_remote_code=true if you trust it") from None
+        if Path(where).exists():  # the files are here but unusable
+            raise DraftheadsError(f"could not load '{spec}': {_first_line(e)}; check its files, or download or convert "
+                                  "the model again") from None
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         hint = "pass a local model folder or .gguf file" + (" (HF_HUB_OFFLINE=1 is set)" if offline else "")
         raise DraftheadsError(f"could not load '{spec}': {_first_line(e)}; {hint}") from None
