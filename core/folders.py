@@ -13,6 +13,7 @@ module did not put there:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -64,6 +65,15 @@ def write_folder(final: Path, fill: Callable[[Path], object]) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return publish(tmp, final)
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _umask() -> int:

@@ -11,7 +11,6 @@ records the wheel's hash and each file's; a cached file that no longer matches i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -25,6 +24,7 @@ from pathlib import Path
 import platformdirs
 
 from draftheads.core.errors import DraftheadsError
+from draftheads.core.folders import file_sha256
 
 
 @dataclass(frozen=True)
@@ -100,14 +100,6 @@ def cache_problem(folder: Path, pinned: Embedded) -> str | None:
         if not path.is_file() or file_sha256(path) != digest:
             return f"{name} does not match its recorded sha256"
     return None
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def fetch_gguf(pinned: Embedded, workdir: Path) -> Path:

@@ -18,7 +18,6 @@ folder's parts are core/run_folder.py's.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from draftheads.core.errors import DraftheadsError
-from draftheads.core.folders import publish, staging_folder, staging_path
+from draftheads.core.folders import file_sha256, publish, staging_folder, staging_path
 from draftheads.core.run_folder import COMPLETE, DRAFTER, RECIPE_FILE, STATE_FILE, list_checkpoints, step_dir
 from draftheads.interop.native import save_drafter
 
@@ -62,16 +61,8 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, drafter, state: dict,
 
 def manifest(folder: Path) -> dict[str, dict]:
     """Relative path -> {size, sha256} of every file under `folder`."""
-    return {str(path.relative_to(folder)): {"size": path.stat().st_size, "sha256": file_digest(path)}
+    return {str(path.relative_to(folder)): {"size": path.stat().st_size, "sha256": file_sha256(path)}
             for path in sorted(Path(folder).rglob("*")) if path.is_file()}
-
-
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_recipe(path: Path, recipe_dict: dict) -> None:
@@ -113,7 +104,7 @@ def damage(folder: Path) -> str | None:
             return f"{name} is missing"
         if path.stat().st_size != expected["size"]:
             return f"{name} has {path.stat().st_size:,} bytes where {expected['size']:,} were written"
-        if file_digest(path) != expected["sha256"]:
+        if file_sha256(path) != expected["sha256"]:
             return f"{name} was changed after it was written"
     return None
 

@@ -7,7 +7,8 @@ import pytest
 
 from draftheads.core import targets
 from draftheads.core.errors import DraftheadsError
-from draftheads.core.targets import ALIASES, COMPLETE, cache_problem, file_sha256, locate_target
+from draftheads.core.folders import file_sha256
+from draftheads.core.targets import ALIASES, COMPLETE, cache_problem, locate_target
 
 
 @pytest.fixture

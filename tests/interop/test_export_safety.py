@@ -95,7 +95,8 @@ def test_a_drafter_of_the_embedded_target_exports_offline(tmp_path, monkeypatch,
     with the hub unreachable (before, it asked the hub for smollm2-135m/config.json)."""
     import shutil
 
-    from draftheads.core.targets import ALIASES, COMPLETE, file_sha256
+    from draftheads.core.folders import file_sha256
+    from draftheads.core.targets import ALIASES, COMPLETE
 
     monkeypatch.setenv("DRAFTHEADS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

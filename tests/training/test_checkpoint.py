@@ -11,20 +11,9 @@ from draftheads.core import run_folder as R
 from draftheads.training import checkpoint as C
 from draftheads.training import loop
 from draftheads.training.loop import run_training
-from tests.training.train_helpers import (
-    NoisyDrafter, max_weight_diff, tiny_recipe,
-)
+from tests.training.train_helpers import Crash, NoisyDrafter, crash_at, max_weight_diff, tiny_recipe
 
 
-class Crash(Exception):
-    pass
-
-
-def crash_at(step_to_die: int):
-    def hook(step):
-        if step == step_to_die:
-            raise Crash(f"killed after step {step}")
-    return hook
 
 
 def noisy(target):

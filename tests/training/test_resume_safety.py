@@ -9,18 +9,9 @@ import pytest
 from draftheads.core.errors import DraftheadsError
 from draftheads.training import checkpoint as C
 from draftheads.training.loop import run_training
-from tests.training.train_helpers import max_weight_diff, tiny_recipe
+from tests.training.train_helpers import Crash, crash_at, max_weight_diff, tiny_recipe
 
 
-class Crash(Exception):
-    pass
-
-
-def crash_at(step_to_die: int):
-    def hook(step):
-        if step == step_to_die:
-            raise Crash(f"killed after step {step}")
-    return hook
 
 
 class Payload:

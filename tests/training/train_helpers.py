@@ -38,6 +38,17 @@ def make_dataset(target, folder: Path, rows: int = 24, seed: int = 0, min_len: i
     return folder
 
 
+class Crash(Exception):
+    """Raised by crash_at's hook: training stops as if killed after that step (its checkpoint written)."""
+
+
+def crash_at(step_to_die: int):
+    def hook(step):
+        if step == step_to_die:
+            raise Crash(f"killed after step {step}")
+    return hook
+
+
 def tiny_recipe(data_dir: Path, run_dir: Path, head: dict | None = None, **train):
     """A recipe for a few fp32 CPU steps on the tiny dataset; `train` overrides train.* keys."""
     settings = dict(output_dir=str(run_dir), max_steps=6, batch_size=4, grad_accum=1, max_length=64, lr=3e-3,
