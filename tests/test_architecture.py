@@ -4,6 +4,8 @@ Every draftheads import (function-local ones included) goes down the order or st
 layer; no modules import each other in a cycle (package __init__ files count as modules); no
 function-local import is left outside the modules that import lazily for start-up time; and
 `draftheads --help` does not import torch.
+
+    python tests/test_architecture.py [CHECKOUT]    # prints the import graph's counts (any checkout, old layouts too)
 """
 
 import ast
@@ -29,10 +31,10 @@ def layer_order() -> list[str]:
     return re.findall(r"`([\w.]+)`", line.group(1))[::-1]
 
 
-def modules() -> dict[str, Path]:
+def modules(root: Path = ROOT) -> dict[str, Path]:
     found = {}
     for folder, package in FOLDERS.items():
-        for file in sorted((ROOT / folder).glob("*.py")):
+        for file in sorted((root / folder).glob("*.py")):
             found[package if file.stem == "__init__" else f"{package}.{file.stem}"] = file
     return found
 
@@ -64,8 +66,8 @@ def imports(file: Path, known: dict) -> list[tuple[str, int, bool]]:
     return out
 
 
-def graph():
-    known = modules()
+def graph(root: Path = ROOT):
+    known = modules(root)
     return known, {name: imports(file, known) for name, file in known.items()}
 
 
@@ -78,17 +80,17 @@ def test_imports_go_down_the_layer_order():
     assert not upward, "imports against the layer order:\n" + "\n".join(upward)
 
 
-def test_no_import_cycles():
-    known, edges = graph()
+def cycles(known: dict, edges: dict) -> list[str]:
+    """Every import cycle found by a depth-first walk, as 'a -> b -> a'."""
     following = {name: {t for t, _, _ in found if t in known and t != name} for name, found in edges.items()}
-    state, path, cycles = {}, [], []
+    state, path, found_cycles = {}, [], []
 
     def visit(node):
         state[node] = "open"
         path.append(node)
         for nxt in sorted(following[node]):
             if state.get(nxt) == "open":
-                cycles.append(" -> ".join(path[path.index(nxt):] + [nxt]))
+                found_cycles.append(" -> ".join(path[path.index(nxt):] + [nxt]))
             elif nxt not in state:
                 visit(nxt)
         path.pop()
@@ -97,7 +99,12 @@ def test_no_import_cycles():
     for node in sorted(following):
         if node not in state:
             visit(node)
-    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+    return found_cycles
+
+
+def test_no_import_cycles():
+    found = cycles(*graph())
+    assert not found, "import cycles:\n" + "\n".join(found)
 
 
 def test_function_local_imports_only_where_start_up_time_needs_them():
@@ -116,3 +123,25 @@ def test_help_does_not_import_torch():
             "assert not heavy, heavy\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def report(root: Path) -> None:
+    """The counts behind the architecture issue: package-to-package imports, cycles, imports inside functions."""
+    import collections
+
+    known, edges = graph(root)
+    packages = sorted(FOLDERS.values(), key=len, reverse=True)
+    package = {name: next(p for p in packages if name == p or name.startswith(p + ".")) for name in known}
+    crossing = {(n, line, package[t]) for n, found in edges.items() for t, line, _ in found if t in known and package[t] != package[n]}
+    pairs = collections.Counter((package[n], to) for n, _, to in crossing)
+    local = {(n, line) for n, found in edges.items() for _, line, inside in found if inside}
+    print("files per package:", dict(sorted(collections.Counter(package.values()).items())))
+    print("import statements from one package into another:")
+    for (a, b), count in sorted(pairs.items()):
+        print(f"  {a} -> {b}: {count}")
+    print("import cycles:", len(cycles(known, edges)))
+    print("draftheads import statements inside functions:", len(local))
+
+
+if __name__ == "__main__":
+    report(Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else ROOT)
