@@ -79,6 +79,19 @@ class Tree:
     def is_chain(self) -> bool:
         return all(len(c) <= 1 for c in self.children)
 
+    def compacted(self) -> "Tree":
+        """The same tree with every rank replaced by the node's position among its siblings: ((0,), (2,)) ->
+        ((0,), (1,)). Sampled children are the first draws without replacement, one per sibling present, so
+        a tree drafted by sampling must have no gaps in its sibling ranks (the strict rule removes exactly the
+        siblings before each child from q)."""
+        if all(self.ranks[child] == i for kids in self.children for i, child in enumerate(kids)):
+            return self
+        paths = {0: ()}
+        for node in range(1, self.num_nodes):  # ordered by depth: a parent comes before its children
+            parent = self.parents[node]
+            paths[node] = paths[parent] + (self.children[parent].index(node),)
+        return Tree.from_paths(paths[v] for v in range(1, self.num_nodes))
+
     def ancestors(self, node: int) -> list[int]:
         """Root-to-node list of node indices, node included."""
         out = []

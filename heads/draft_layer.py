@@ -163,6 +163,7 @@ class LayerDrafting:
         if isinstance(tree, DynamicTreeSpec):
             tree, tokens, q = draft_dynamic(tree, self.root_token, expand, sampling, model.vocab)
         else:
+            tree = tree.compacted() if sampling.sampled else tree  # sampled children: no gaps in sibling ranks
             tokens, q = draft_static(tree, self.root_token, expand, sampling, model.vocab)
         return Proposal(tree, tokens, q)
 

@@ -87,7 +87,10 @@ def lineage(parents: list[int], node: int) -> list[int]:
 
 
 def draft_static(tree: Tree, root: torch.Tensor, expand: Expand, sampling: Sampling, vocab=FULL):
-    """Fill a static tree: root [b] -> (tokens [b, N], q [b, N, V] or None)."""
+    """Fill a static tree: root [b] -> (tokens [b, N], q [b, N, V] or None).
+
+    The rank-r child gets the r-th best token, or with sampling the r-th draw: a sampled tree must have
+    no gaps in its sibling ranks (Tree.compacted), or the strict rule cannot account for the skipped draws."""
     tokens = root.new_zeros(root.shape[0], tree.num_nodes)
     tokens[:, 0] = root
     q = None

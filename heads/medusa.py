@@ -248,8 +248,8 @@ class MedusaDrafter(nn.Module):
 
         Every node of a depth shares head d's distribution (Medusa's Cartesian-product tree), so
         each head runs once per step. With a generator and temperature > 0 the r-th token is the
-        r-th draw without replacement from the warped q_d (returned per node in `q`); otherwise
-        the r-th best by logit. If q_d has fewer tokens than the tree's width at depth d (top-k /
+        r-th draw without replacement from the warped q_d (returned per node in `q`; a tree with gaps
+        in its sibling ranks is drafted as its gap-free version); otherwise the r-th best by logit. If q_d has fewer tokens than the tree's width at depth d (top-k /
         top-p truncation), the nodes that cannot be filled are pruned from the returned tree.
         """
         tree = self._check_tree(tree)
@@ -258,6 +258,8 @@ class MedusaDrafter(nn.Module):
         depth = tree.depth
         logits = self.draft_logits(self._feature, depth, widen=False)  # [b, D, V] or [b, D, Vd]
         sampled = generator is not None and temperature > 0
+        if sampled:  # each node's children are the first draws of q_d, one per sibling: no gaps in the ranks
+            tree = tree.compacted()
         widths = [1 + max(r for r, d in zip(tree.ranks, tree.depths) if d == level) for level in range(1, depth + 1)]
         if sampled:
             q = warp_probs(logits, temperature, top_k, top_p)

@@ -231,6 +231,7 @@ class MTPDrafter(nn.Module):
         if isinstance(tree, DynamicTreeSpec):
             tree, tokens, q = draft_dynamic(tree, root, expand, sampling, self.vocab)
         else:
+            tree = tree.compacted() if sampling.sampled else tree  # sampled children: no gaps in sibling ranks
             tokens, q = draft_static(tree, root, expand, sampling, self.vocab)
         return Proposal(tree, tokens, q)
 

@@ -130,10 +130,17 @@ def accept_typical(
 
 def sibling_draft(q_left: torch.Tensor | None, x: torch.Tensor, vocab: int) -> torch.Tensor:
     """[b, V] the distribution sibling x [b] was drawn from: q over the tokens not drawn before it
-    (renormalised), or a point mass on x when the children are deterministic."""
+    (renormalised), or a point mass on x when the children are deterministic.
+
+    A child the draft gave no probability was not drawn from it: a drafter pads the children with such
+    tokens when q underflowed to fewer tokens than the node has children (low temperatures). Its choice
+    is fixed by what was drawn before, so it is a point mass too (treating it as drawn from q would
+    accept it whenever the target gives it any mass)."""
+    point = torch.nn.functional.one_hot(x, vocab).float()
     if q_left is None:
-        return torch.nn.functional.one_hot(x, vocab).float()
-    return q_left / q_left.sum(-1, keepdim=True).clamp_min(1e-30)
+        return point
+    drawn = q_left.gather(1, x[:, None]) > 0  # [b, 1]
+    return torch.where(drawn, q_left / q_left.sum(-1, keepdim=True).clamp_min(1e-30), point)
 
 
 def remove_drawn(q_left: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
