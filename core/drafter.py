@@ -57,7 +57,10 @@ class Drafter(Protocol):
     feature_layers: tuple[int, ...]
 
     def reset(self) -> None:
-        """Forget all state (a new prompt follows)."""
+        """Forget all state (a new prompt follows).
+
+        The state a generation builds lives in attributes reset() replaces: each row of a batch drafts with
+        its own `copy.copy` of the drafter, sharing its weights (drafters made of parts define __copy__)."""
 
     def observe(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Take in newly committed positions: features [b, n, F], following tokens [b, n]."""

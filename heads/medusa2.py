@@ -13,6 +13,7 @@ weights file plus the adapter in PEFT format (`adapter/`).
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -37,6 +38,14 @@ class Medusa2Drafter(nn.Module):
         dims = target_dims(target_config)
         self.medusa = MedusaDrafter(config, dims.hidden_size, dims.vocab_size)
         self.target = None  # the adapted target, registered at bind so its adapter trains and syncs with the heads
+
+    def __copy__(self) -> "Medusa2Drafter":
+        """Another row's drafter (inference/decoder.py): the heads' drafting state is in `medusa`, so it is copied
+        too (sharing the weights); the adapted target is shared."""
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        twin._modules = {**self._modules, "medusa": copy.copy(self.medusa)}
+        return twin
 
     @classmethod
     def from_target(cls, target_config, cfg: MedusaConfig) -> "Medusa2Drafter":

@@ -15,6 +15,8 @@ stays exact.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from draftheads.core.errors import DraftheadsError
@@ -53,6 +55,10 @@ class CombinedDrafter:
         self.lookup = lookup or PromptLookupDrafter()
         self.lookup_depth = lookup_depth
         self.feature_layers = tuple(learned.feature_layers)
+
+    def __copy__(self) -> "CombinedDrafter":
+        """Another row's drafter (inference/decoder.py): both parts copied, so each keeps state of its own."""
+        return CombinedDrafter(copy.copy(self.learned), copy.copy(self.lookup), self.lookup_depth)
 
     def reset(self) -> None:
         self.learned.reset()

@@ -62,51 +62,90 @@ def gather_features(hidden_states, layers: tuple[int, ...]) -> torch.Tensor | No
 
 
 @torch.no_grad()
-def prefill(target, input_ids: torch.Tensor, cache: DynamicCache, feature_layers: tuple[int, ...] = ()) -> TargetOutput:
-    """Run the prompt [b, s] into the empty cache. Logits for the last position only ([b, 1, V])."""
-    out = target(
-        input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1, output_hidden_states=bool(feature_layers)
-    )
+def prefill(target, input_ids: torch.Tensor, cache: DynamicCache, feature_layers: tuple[int, ...] = (),
+            attention_mask: torch.Tensor | None = None) -> TargetOutput:
+    """Run the prompts [b, s] into the empty cache. Logits for the last position only ([b, 1, V]).
+
+    Prompts of different lengths come left-padded with `attention_mask` [b, s] (1 for real tokens);
+    each row's positions then count its own tokens only."""
+    positions = None if attention_mask is None else (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    out = target(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=cache, use_cache=True,
+                 logits_to_keep=1, output_hidden_states=bool(feature_layers))
     return TargetOutput(out.logits, gather_features(out.hidden_states, feature_layers))
 
 
 @torch.no_grad()
-def verify(
-    target, cache: DynamicCache, tokens: torch.Tensor, tree: Tree, feature_layers: tuple[int, ...] = ()
-) -> TargetOutput:
-    """One target forward over the tree's tokens [b, N] on top of the cache -> logits [b, N, V].
+def verify(target, cache: DynamicCache, tokens: torch.Tensor, tree: Tree | list[Tree], feature_layers: tuple[int, ...] = (),
+           valid: torch.Tensor | None = None) -> TargetOutput:
+    """One target forward over the trees' tokens [b, N] on top of the cache -> logits [b, N, V].
 
-    The cache grows by N entries (in node order); call `compact_cache` once a path is accepted.
+    `tree` is every row's, or a list with one per row (tokens right-padded to the largest; a padding
+    node sees only itself). `valid` [b, L] marks the cache slots that hold each row's committed tokens
+    (None: all of them), so row b's nodes sit at positions valid[b].sum() + depth. The cache grows by
+    N entries (in node order); call `compact_cache` once the paths are accepted.
     """
     b, n = tokens.shape
-    if n != tree.num_nodes:
-        raise ValueError(f"proposal has {n} tokens but its tree has {tree.num_nodes} nodes")
+    trees = tree if isinstance(tree, list) else [tree] * b
+    if any(t.num_nodes > n for t in trees) or (not isinstance(tree, list) and tree.num_nodes != n):
+        raise ValueError(f"proposal has {n} tokens but its trees have {[t.num_nodes for t in trees]} nodes")
     prefix = cache.get_seq_length()
-    mask = tree.attention_mask(prefix, dtype=target.dtype, device=tokens.device)
-    positions = tree.position_ids(prefix, device=tokens.device).expand(b, -1)
-    out = target(
-        input_ids=tokens,
-        attention_mask=mask,
-        position_ids=positions,
-        cache=cache,
-        use_cache=True,
-        output_hidden_states=bool(feature_layers),
-    )
+    if valid is None and not isinstance(tree, list):  # one tree over whole rows: the mask every row shares
+        mask = tree.attention_mask(prefix, dtype=target.dtype, device=tokens.device)
+        positions = tree.position_ids(prefix, device=tokens.device).expand(b, -1)
+    else:
+        mask, positions = row_masks(trees, n, prefix, valid, target.dtype, tokens.device)
+    out = target(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                 output_hidden_states=bool(feature_layers))
     return TargetOutput(out.logits, gather_features(out.hidden_states, feature_layers))
 
 
-def compact_cache(cache: DynamicCache, num_nodes: int, keep: torch.Tensor) -> None:
-    """Keep the prefix and, of the last `num_nodes` cached entries (the verified tree), only nodes `keep` [n], in order.
+def row_masks(trees: list[Tree], n: int, prefix: int, valid: torch.Tensor | None, dtype, device):
+    """([b, 1, n, prefix + n] additive mask, [b, n] positions) for one tree per row over its committed slots."""
+    b = len(trees)
+    visible = torch.zeros(b, n, prefix + n, dtype=torch.bool)
+    positions = torch.zeros(b, n, dtype=torch.long)
+    committed = valid.cpu() if valid is not None else torch.ones(b, prefix, dtype=torch.bool)
+    for row, tree in enumerate(trees):
+        visible[row, :, :prefix] = committed[row]
+        visible[row, : tree.num_nodes, prefix : prefix + tree.num_nodes] = tree.ancestor_matrix
+        pad = torch.arange(tree.num_nodes, n)
+        visible[row, pad, prefix + pad] = True  # padding nodes see themselves: no row of the softmax is empty
+        positions[row, : tree.num_nodes] = tree.depth_tensor + int(committed[row].sum())
+        positions[row, tree.num_nodes :] = int(committed[row].sum())
+    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
+    return mask[:, None].to(device), positions.to(device)
 
-    Gathers along the sequence axis of every layer's keys/values [b, h, s, d]; rows of a batch share `keep`.
+
+def compact_cache(cache: DynamicCache, num_nodes: int, keep, valid: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Of the last `num_nodes` cached entries (the verified trees), keep only nodes `keep`, in order.
+
+    keep: [n] for every row, or a list with each row's [n_b]. With `valid` [b, L] (which earlier slots hold
+    committed tokens) or per-row keeps, every row keeps its committed slots and its path; rows that keep
+    fewer are padded at the front with slots marked invalid. Returns the new valid [b, L'] (None for the
+    shared keep without `valid`: every slot is committed).
     """
-    keep = keep.to(torch.long)
-    for layer in cache.layers:
-        if not getattr(layer, "is_initialized", False):
-            continue
-        prefix = layer.keys.shape[-2] - num_nodes
-        index = torch.cat([torch.arange(prefix, device=keep.device), prefix + keep]).to(layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, index)
-        layer.values = layer.values.index_select(-2, index)
+    layers = [layer for layer in cache.layers if getattr(layer, "is_initialized", False)]
+    if not layers:
+        return valid
+    length = layers[0].keys.shape[-2]
+    prefix = length - num_nodes
+    if valid is None and not isinstance(keep, list):
+        index, new_valid = torch.cat([torch.arange(prefix), prefix + keep.cpu().long()]), None
+    else:
+        b = layers[0].keys.shape[0]
+        keeps = keep if isinstance(keep, list) else [keep] * b
+        committed = valid.cpu() if valid is not None else torch.ones(b, prefix, dtype=torch.bool)
+        rows = [torch.cat([committed[r].nonzero()[:, 0], prefix + keeps[r].cpu().long()]) for r in range(b)]
+        width = max(len(r) for r in rows)
+        index = torch.stack([torch.cat([r.new_zeros(width - len(r)), r]) for r in rows])  # [b, width]
+        new_valid = torch.arange(width)[None] >= torch.tensor([width - len(r) for r in rows])[:, None]
+    for layer in layers:
+        if index.dim() == 1:
+            at = index.to(layer.keys.device)
+            layer.keys, layer.values = layer.keys.index_select(-2, at), layer.values.index_select(-2, at)
+        else:
+            at = index.to(layer.keys.device)[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            layer.keys, layer.values = layer.keys.gather(-2, at), layer.values.gather(-2, at)
         if hasattr(layer, "cumulative_length"):  # sliding-window layers count positions separately
-            layer.cumulative_length -= num_nodes - keep.numel()
+            layer.cumulative_length -= length - index.shape[-1]
+    return None if new_valid is None else new_valid.to(valid.device if valid is not None else "cpu")

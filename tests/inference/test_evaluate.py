@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 
+import draftheads.inference.decoder as decoder_module  # the loop that calls the rule
 import draftheads.inference.generate as generate_module
 import draftheads.inference.measure as measure_module
 from draftheads.core.errors import DraftheadsError
@@ -140,7 +141,7 @@ def test_greedy_mismatches_zero_for_correct_loop_and_counted_for_a_wrong_one(mon
     rows, _ = run_rows([random_entry(model)], [RunConfig("greedy", 0.0)], conv, settings())
     assert rows[0]["greedy_mismatches"] == 0 and rows[0]["mismatched_prompts"] == []
 
-    real = generate_module.accept
+    real = decoder_module.accept
 
     def accept_first_leaf(rule, tree, tokens, p, q=None, generator=None, **kw):
         """A broken rule: takes the first root-to-leaf path whatever the target says."""
@@ -149,7 +150,7 @@ def test_greedy_mismatches_zero_for_correct_loop_and_counted_for_a_wrong_one(mon
         n = int((path >= 0).sum()) - 1
         return Acceptance(path, torch.tensor([n]), p[:, path[0, n]].argmax(-1))
 
-    monkeypatch.setattr(generate_module, "accept", accept_first_leaf)
+    monkeypatch.setattr(decoder_module, "accept", accept_first_leaf)
     rows, _ = run_rows([random_entry(model)], [RunConfig("greedy", 0.0)], conv, settings())
     assert rows[0]["greedy_mismatches"] == 2 and rows[0]["mismatched_prompts"] == [0, 1]
     assert all(0 < i < 9 for i in rows[0]["first_divergence"])   # token 0 comes from the prefill, untouched

@@ -62,9 +62,9 @@ def test_bad_arguments_are_one_line_errors(kwargs, match):
         speculative_generate(target("llama"), oracle(), prompt_ids(), **({"max_new_tokens": 5} | kwargs))
 
 
-def test_batches_and_non_drafters_are_refused():
-    with pytest.raises(DraftheadsError, match="batch"):
-        speculative_generate(target("llama"), oracle(), prompt_ids().expand(2, -1), 5)
+def test_non_drafters_and_seed_counts_that_do_not_fit_are_refused():
+    with pytest.raises(DraftheadsError, match="one seed per prompt"):
+        speculative_generate(target("llama"), oracle(), prompt_ids().expand(2, -1), 5, seed=[1, 2, 3])
     with pytest.raises(DraftheadsError, match="not a drafter"):
         speculative_generate(target("llama"), object(), prompt_ids(), 5)
 

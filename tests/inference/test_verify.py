@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from draftheads.core.errors import DraftheadsError
-from draftheads.inference.generate import Decoder, DecodeSettings, speculative_generate
+from draftheads.inference.decoder import Decoder
+from draftheads.inference.generate import DecodeSettings, speculative_generate
 from draftheads.core.tree import Tree
 from draftheads.inference.verify import compact_cache, new_cache, prefill, verify
 from tests.fixtures import FAMILIES
@@ -58,15 +59,16 @@ def test_cache_after_every_step_equals_plain_decoding_cache(family, rule, temper
     ids = prompt_ids()
     drafter = OracleDrafter(model, int(ids[0, 0]), noise=0.3, seed=2, tree=TREE)
     settings = DecodeSettings(rule=rule, temperature=temperature, max_new_tokens=30)
-    decoder = Decoder(model, drafter, TREE, settings, torch.Generator().manual_seed(0))
-    decoder.start(ids)
+    decoder = Decoder(model, drafter, TREE, settings, [torch.Generator().manual_seed(0)])
+    decoder.start([ids[0]])
+    row = decoder.rows[0]
     while not decoder.done:
         decoder.step()
         if not decoder.done:
-            committed = torch.cat([ids, torch.tensor([decoder.generated[:-1]])], 1)
+            committed = torch.cat([ids, torch.tensor([row.generated[:-1]])], 1)
             assert_same_cache(decoder.cache, plain_forward(model, committed)[2])
-            assert decoder.pending.tolist() == decoder.generated[-1:]
-    assert max(decoder.stats.step_accepted) >= 2 and min(decoder.stats.step_accepted) == 0
+            assert decoder.pending.tolist() == row.generated[-1:]
+    assert max(row.stats.step_accepted) >= 2 and min(row.stats.step_accepted) == 0
 
 
 @pytest.mark.parametrize("layers", [(-1,), (0, 2, -1)])
