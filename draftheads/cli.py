@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     p.add_argument("--out", default=None, help="report folder (default: a timestamped folder)")
     p.add_argument("--combined", action="store_true", help="also measure each learned drafter combined with prompt lookup")
+    p.add_argument("--batch-size", default=None,
+                   help="comma-separated batch sizes, e.g. 1,2,4,8,16: the speedup-vs-batch curve (default: 1)")
+    p.add_argument("--plain-above", type=int, default=None, help="decode plainly while more than this many rows are generating")
     p.set_defaults(handler=cmd_eval)
 
     p = sub.add_parser("export", help="export a drafter for a serving engine")
@@ -141,11 +144,13 @@ def cmd_eval(args) -> int:
     recipe = saved_eval_settings(args.drafters)
     accept = _split(args.accept) if args.accept is not None else recipe.accept
     temperatures = [_number(t, "--temperature") for t in _split(args.temperature)] if args.temperature is not None else recipe.temperatures
+    batch_sizes = [_whole(b, "--batch-size") for b in _split(args.batch_size)] if args.batch_size is not None else recipe.batch_sizes
     run_eval(
         args.drafters, target=args.target, prompts=_given(args.prompts, recipe.prompts), limit=_given(args.limit, recipe.limit),
         accept=accept, temperatures=temperatures, tree=_given(args.tree, recipe.tree),
         max_new_tokens=_given(args.max_new_tokens, recipe.max_new_tokens), dtype=args.dtype, out=args.out,
         combined=args.combined, seed=recipe.seed, typical_epsilon=recipe.typical_epsilon, typical_delta=recipe.typical_delta,
+        batch_sizes=batch_sizes, plain_above=_given(args.plain_above, recipe.plain_above),
     )
     return 0
 
@@ -181,6 +186,12 @@ def _number(text: str, flag: str) -> float:
     if not math.isfinite(value):
         raise DraftheadsError(f"{flag}: '{text}' is not a finite number; give comma-separated values like 0,0.7,1.0")
     return value
+
+
+def _whole(text: str, flag: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise DraftheadsError(f"{flag}: '{text}' is not a whole number >= 1; give comma-separated values like 1,2,4,8,16")
+    return int(text)
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def run_demo(out: str = "runs/demo", *, heads=("eagle",), target_model=None, com
     report = run_eval([str(r) for r in runs], target_model=target, prompts=e.prompts, limit=e.limit, accept=e.accept,
                       temperatures=e.temperatures, tree=e.tree, max_new_tokens=e.max_new_tokens, out=str(out / "eval"),
                       combined=combined, seed=e.seed, typical_epsilon=e.typical_epsilon, typical_delta=e.typical_delta,
-                      progress=progress)
+                      batch_sizes=e.batch_sizes, plain_above=e.plain_above, progress=progress)
     clock.finish(recipe, runs, report)
     return out
 

@@ -2,6 +2,7 @@
 
     folder = run_eval(["runs/eagle-smollm2"], prompts="humaneval", limit=20, accept=["greedy", "strict"],
                       temperatures=[0.0, 0.7])          # -> folder with report.json, report.md, *.png
+    folder = run_eval(["runs/eagle-smollm2"], batch_sizes=[1, 2, 4, 8, 16])   # + the speedup-vs-batch curve
 
 Drafter specs: a drafter or run folder (a learned drafter); 'lookup' (prompt lookup, which is always
 measured anyway as the no-training baseline); 'FOLDER+lookup' (that drafter combined with prompt
@@ -29,9 +30,10 @@ from draftheads.inference.combined import CombinedDrafter
 from draftheads.inference.eval_config import EvalConfig
 from draftheads.inference.lookup import PromptLookupDrafter
 from draftheads.inference.measure import (Conversation, Entry, EvalSettings, Measurements, RunConfig, first_chat,
-                                          generate_conversation, measure, plan_configs)
+                                          generate_conversations, measure, plan_configs)
 from draftheads.inference.plots import write_plots
-from draftheads.inference.report import describe_tree, environment, format_table, now, summarise, write_report
+from draftheads.inference.report import (batch_curve, describe_tree, environment, format_batch_table, format_table, now,
+                                         summarise, write_report)
 from draftheads.inference.stats import GenerationStats
 from draftheads.interop.load import load_drafter
 from draftheads.interop.native import read_config, resolve_drafter_folder, target_summary
@@ -47,12 +49,17 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
              accept: list[str] = ("greedy",), temperatures: list[float] = (0.0,), tree: str | None = None,
              max_new_tokens: int = 128, dtype: str = "auto", out: str | None = None, target_model=None,
              combined: bool = False, seed: int = 0, top_k: int = 0, top_p: float = 1.0, typical_epsilon: float = 0.09,
-             typical_delta: float = 0.3, progress: bool = True) -> Path:
+             typical_delta: float = 0.3, batch_sizes: list[int] = (1,), plain_above: int | None = None,
+             progress: bool = True) -> Path:
     """Measure every drafter x rule x temperature on the prompts; write and print the report; return its folder.
 
+    batch_sizes: decode the prompts in batches of each of these sizes (interleaved); more than batch size 1
+    adds the speedup-vs-batch table and plot, and the batch size at which each drafter stops paying.
+    plain_above: decode plainly while more than this many rows of a batch are generating.
     target_model: (model, tokenizer) to use instead of loading `target` (tests, the demo).
     """
     check_settings(accept, temperatures, max_new_tokens, limit)
+    batch_sizes = check_batch_settings(batch_sizes, plain_above)
     check_report_folder(out)  # before minutes of work, not after
     requested = parse_tree(tree)
     budget = requested.budget if isinstance(requested, AutoTreeSpec) else None
@@ -67,8 +74,8 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
     print(f"draftheads eval: {len(conversations)} prompts from {prompts}, {len(entries)} drafters "
           f"({', '.join(e.name for e in entries)}), {len(configs)} rule/temperature settings, target {target_info['name']} "
           f"in {target_info['dtype']}", flush=True)
-    found = measure(model, tokenizer, conversations, entries, configs, settings, progress)
-    rows = build_rows(found, entries, configs, conversations)
+    found = measure(model, tokenizer, conversations, entries, configs, settings, progress, batch_sizes, plain_above)
+    rows = [row for size, at_size in found.items() for row in build_rows(at_size, entries, configs, conversations, size)]
     folder = report_folder(out, drafters)
     report = {
         "created": now(), "target": target_info, "environment": environment(),
@@ -77,13 +84,16 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
             "temperatures": [float(t) for t in temperatures], "tree": tree, "max_new_tokens": max_new_tokens,
             "dtype": target_info["dtype"], "seed": seed, "seed_rule": "seed + 1000 * prompt index + turn, same for plain and speculative",
             "top_k": top_k, "top_p": top_p, "combined": combined, "typical_epsilon": typical_epsilon,
-            "typical_delta": typical_delta, "stop_ids": settings.stop_ids,
+            "typical_delta": typical_delta, "stop_ids": settings.stop_ids, "batch_sizes": batch_sizes,
+            "plain_above": plain_above,
         },
         **results_section(found, entries, conversations, skipped, rows),
     }
     report["plots"] = write_plots(folder, rows) if rows else []
     write_report(folder, report)
     print(format_table(rows))
+    if report["batch_curve"]:
+        print(format_batch_table(report["batch_curve"]))
     broken = [r["drafter"] for r in rows if r["greedy_mismatches"]]
     if broken and target_info["dtype"] == "fp32":
         print(f"draftheads eval: WARNING: in fp32 greedy speculative output must equal plain decoding, but {', '.join(broken)} "
@@ -92,11 +102,18 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
     return folder
 
 
-def results_section(found: Measurements, entries, conversations, skipped: dict, rows: list[dict]) -> dict:
-    plain = {("greedy" if key == 0 else f"T={key:g}"): GenerationStats.merged(o.stats for o in runs).summary()
-             for key, runs in found.plain.items()}
+def results_section(found: dict[int, Measurements], entries, conversations, skipped: dict, rows: list[dict]) -> dict:
+    """plain: the plain runs' summary per temperature ('greedy', 'T=0.7'; prefixed 'B=4 ' beyond batch size 1)."""
+    plain = {}
+    for size, at_size in found.items():
+        for key, runs in at_size.plain.items():
+            name = "greedy" if key == 0 else f"T={key:g}"
+            if list(found) != [1]:
+                name = f"B={size} {name}"
+            plain[name] = GenerationStats.merged(o.stats for o in runs).summary()
     return {"drafters": [entry_info(e) for e in entries], "prompt_count": len(conversations),
-            "prompts_skipped": sum(skipped.values()), "skipped_reasons": skipped, "plain": plain, "results": rows}
+            "prompts_skipped": sum(skipped.values()), "skipped_reasons": skipped, "plain": plain, "results": rows,
+            "batch_curve": batch_curve(rows) if set(found) != {1} else []}
 
 
 def check_settings(accept, temperatures, max_new_tokens: int, limit) -> None:
@@ -108,6 +125,16 @@ def check_settings(accept, temperatures, max_new_tokens: int, limit) -> None:
         raise DraftheadsError(f"temperatures must be finite numbers >= 0, got {list(temperatures)}")
     if max_new_tokens < 1 or (limit is not None and limit < 1):
         raise DraftheadsError("max_new_tokens and limit must be positive")
+
+
+def check_batch_settings(batch_sizes, plain_above) -> list[int]:
+    """The batch sizes, each once, smallest first."""
+    sizes = list(batch_sizes)
+    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+        raise DraftheadsError(f"batch sizes must be whole numbers >= 1, got {sizes}; e.g. --batch-size 1,2,4,8,16")
+    if plain_above is not None and (isinstance(plain_above, bool) or not isinstance(plain_above, int) or plain_above < 1):
+        raise DraftheadsError(f"plain_above must be a whole number >= 1 (decode plainly above that many rows), got {plain_above}")
+    return sorted(set(sizes))
 
 
 # ---------------------------------------------------------------- target and drafters
@@ -235,7 +262,7 @@ def fit_auto_trees(model, tokenizer, entries: list[Entry], conversations, settin
         # Medusa and MTP cannot draft deeper than their heads / modules
         comb = comb_tree(COMB_WIDTH, min(COMB_DEPTH, entry.draft_limit or COMB_DEPTH))
         probe = Entry(entry.name, entry.kind, entry.drafter, comb, comb.depth)
-        runs = [generate_conversation(model, tokenizer, c, probe, RunConfig("greedy", 0.0), settings)
+        runs = [generate_conversations(model, tokenizer, [c], probe, RunConfig("greedy", 0.0), settings)[0]
                 for c in conversations[:CALIBRATION_PROMPTS]]
         table = [row + [0.0] * (COMB_WIDTH - len(row)) for row in GenerationStats.merged(r.stats for r in runs).rank_accuracy]
         try:
@@ -295,15 +322,16 @@ def load_conversations(source: str, limit: int | None, tokenizer, settings: Eval
 # ---------------------------------------------------------------- results
 
 
-def build_rows(found: Measurements, entries: list[Entry], configs: list[RunConfig], conversations) -> list[dict]:
-    """One summary row per drafter x config, against the plain runs of the same conversations."""
+def build_rows(found: Measurements, entries: list[Entry], configs: list[RunConfig], conversations,
+               batch_size: int = 1) -> list[dict]:
+    """One summary row per drafter x config, against the plain runs of the same conversations (at one batch size)."""
     rows = []
     for cfg in configs:
         plain = found.plain[cfg.plain_key]
         for entry in entries:
             spec = found.spec[(entry.name, cfg)]
             row = {"drafter": entry.name, "kind": entry.kind, "rule": cfg.rule, "temperature": cfg.temperature,
-                   "tree": entry.info["tree"]}
+                   "tree": entry.info["tree"], "batch_size": batch_size}
             row.update(summarise(GenerationStats.merged(o.stats for o in plain),
                                  GenerationStats.merged(o.stats for o in spec), depth=entry.depth))
             row.update(compare_outputs(plain, spec, cfg, conversations))

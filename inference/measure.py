@@ -1,9 +1,10 @@
 """The interleaved measurement behind `draftheads eval`.
 
-For every conversation, in one process and back to back: plain decoding of the target, then each
-drafter under each acceptance rule at the same temperature, through the same generation loop, with
-the same seeds. The order of those runs alternates from one conversation to the next, so slow drifts
-of a noisy machine (thermal state, other processes) fall on both sides alike. Multi-turn prompts are
+For every batch of conversations (one conversation at batch size 1), in one process and back to back:
+plain decoding of the target, then each drafter under each acceptance rule at the same temperature,
+through the same generation loop, with the same seeds. The order of those runs alternates from one
+batch to the next, so slow drifts of a noisy machine (thermal state, other processes) fall on both
+sides alike; several batch sizes are interleaved the same way (see `measure`). Multi-turn prompts are
 answered turn by turn, each side continuing its own conversation with its own replies, rendered with
 the chat template exactly as the training data was (training/chat.py).
 """
@@ -110,35 +111,39 @@ def first_chat(tokenizer, conv: Conversation, settings: EvalSettings) -> Chat:
     return start_chat(tokenizer, conv.prompt_id, conv.users, conv.system, settings.max_length)
 
 
-def generate_conversation(model, tokenizer, conv: Conversation, entry: Entry | None, cfg: RunConfig,
-                          settings: EvalSettings, logprob: bool = False, max_new_tokens: int | None = None) -> Output:
-    """Answer every user turn of `conv` with `entry`'s drafter (None: plain decoding)."""
-    chat = first_chat(tokenizer, conv, settings)
-    out = Output([], GenerationStats())
+def generate_conversations(model, tokenizer, convs: list[Conversation], entry: Entry | None, cfg: RunConfig,
+                           settings: EvalSettings, logprob: bool = False, max_new_tokens: int | None = None,
+                           plain_above: int | None = None) -> list[Output]:
+    """Answer every user turn of each of `convs` with `entry`'s drafter (None: plain decoding), decoding them as
+    one batch: turn t of every conversation that is still going is generated together, each row with the
+    seed it would have alone (seed + 1000 * prompt index + t)."""
+    chats = [first_chat(tokenizer, conv, settings) for conv in convs]
+    outs = [Output([], GenerationStats()) for _ in convs]
     turn = 0
-    while not chat.done:
-        ids = torch.tensor([chat.input_ids], device=model.device)
+    while going := [i for i, chat in enumerate(chats) if not chat.done]:
         result = speculative_generate(
-            model, entry.drafter if entry else None, ids, max_new_tokens or settings.max_new_tokens,
-            tree=entry.tree if entry else None, accept=cfg.rule,
+            model, entry.drafter if entry else None,
+            [torch.tensor(chats[i].input_ids, device=model.device) for i in going],
+            max_new_tokens or settings.max_new_tokens, tree=entry.tree if entry else None, accept=cfg.rule,
             temperature=cfg.temperature, top_k=settings.top_k, top_p=settings.top_p,
-            seed=settings.seed + 1000 * conv.prompt_id + turn, eos_token_id=settings.stop_ids,
-            typical_epsilon=settings.typical_epsilon, typical_delta=settings.typical_delta,
+            seed=[settings.seed + 1000 * convs[i].prompt_id + turn for i in going], eos_token_id=settings.stop_ids,
+            typical_epsilon=settings.typical_epsilon, typical_delta=settings.typical_delta, plain_above=plain_above,
         )
-        reply = result.tokens[0].tolist()
-        if logprob:
-            total, count = reply_logprob(model, chat.input_ids, reply)
-            out.logprob_sum, out.logprob_count = out.logprob_sum + total, out.logprob_count + count
-        out.tokens += reply
-        out.stats = out.stats.merge(result.stats)
-        add_reply(tokenizer, chat, reply, settings.stop_ids, settings.max_length)
+        for i, reply, stats in zip(going, result.rows, result.row_stats):
+            out, chat = outs[i], chats[i]
+            if logprob:
+                total, count = reply_logprob(model, chat.input_ids, reply)
+                out.logprob_sum, out.logprob_count = out.logprob_sum + total, out.logprob_count + count
+            out.tokens += reply
+            out.stats = out.stats.merge(stats)
+            add_reply(tokenizer, chat, reply, settings.stop_ids, settings.max_length)
         turn += 1
-    return out
+    return outs
 
 
 @dataclass
 class Measurements:
-    """plain[key][i] and spec[(entry name, config)][i]: the Output of conversation i."""
+    """At one batch size: plain[key][i] and spec[(entry name, config)][i], the Output of conversation i."""
 
     plain: dict = field(default_factory=lambda: collections.defaultdict(list))
     spec: dict = field(default_factory=lambda: collections.defaultdict(list))
@@ -153,34 +158,53 @@ def jobs_for(entries: list[Entry], configs: list[RunConfig]) -> dict[float, list
     return groups
 
 
-def warm_up(model, tokenizer, conv: Conversation, entries: list[Entry], settings: EvalSettings) -> None:
-    """A few untimed tokens with each drafter, so one-off costs (allocations, kernels) stay out of the numbers."""
-    cfg, first_turn = RunConfig("greedy", 0.0), Conversation(conv.prompt_id, conv.users[:1], conv.system)
-    for entry in [None] + entries:
-        generate_conversation(model, tokenizer, first_turn, entry, cfg, settings, max_new_tokens=min(8, settings.max_new_tokens))
+def warm_up(model, tokenizer, convs: list[Conversation], entries: list[Entry], settings: EvalSettings,
+            batch_sizes: list[int]) -> None:
+    """A few untimed tokens with each drafter at the smallest and the largest batch, so one-off costs
+    (allocations, kernels) stay out of the numbers."""
+    cfg = RunConfig("greedy", 0.0)
+    first_turns = [Conversation(c.prompt_id, c.users[:1], c.system) for c in convs]
+    for size in sorted({min(batch_sizes), max(batch_sizes)}):
+        for entry in [None] + entries:
+            generate_conversations(model, tokenizer, first_turns[:size], entry, cfg, settings,
+                                   max_new_tokens=min(8, settings.max_new_tokens))
 
 
 def measure(model, tokenizer, conversations: list[Conversation], entries: list[Entry], configs: list[RunConfig],
-            settings: EvalSettings, progress: bool = True) -> Measurements:
-    """Run every conversation with plain decoding and every drafter x config, interleaved."""
+            settings: EvalSettings, progress: bool = True, batch_sizes: list[int] = (1,),
+            plain_above: int | None = None) -> dict[int, Measurements]:
+    """Run every conversation with plain decoding and every drafter x config at every batch size, interleaved.
+
+    Conversations go in blocks of the largest batch size; within a block each batch size decodes the block
+    in consecutive batches, each batch with plain decoding and then every drafter x config (the order of
+    batch sizes and of jobs alternating from block to block and batch to batch), so the speedup at every
+    batch size is a ratio of runs made side by side.
+    """
     from tqdm.auto import tqdm
 
     groups = jobs_for(entries, configs)
-    total = len(conversations) * sum(len(jobs) for jobs in groups.values())
+    sizes = list(batch_sizes)
+    block = max(sizes)
+    runs_per_batch = sum(len(jobs) for jobs in groups.values())
+    total = sum(-(-len(conversations) // size) for size in sizes) * runs_per_batch
     bar = tqdm(total=total, desc="draftheads eval", unit="run", disable=not progress, mininterval=1.0)
-    found = Measurements()
+    found = {size: Measurements() for size in sizes}
     if conversations:
-        warm_up(model, tokenizer, conversations[0], entries, settings)
-    for i, conv in enumerate(conversations):
-        for key, jobs in groups.items():
-            for entry, cfg in (jobs if i % 2 == 0 else jobs[::-1]):
-                bar.set_postfix_str(f"prompt {i + 1}/{len(conversations)} {entry.name if entry else 'plain'} {cfg.rule} T={cfg.temperature:g}",
-                                    refresh=False)
-                out = generate_conversation(model, tokenizer, conv, entry, cfg, settings, logprob=cfg.temperature > 0)
-                if entry is None:
-                    found.plain[key].append(out)
-                else:
-                    found.spec[(entry.name, cfg)].append(out)
-                bar.update(1)
+        warm_up(model, tokenizer, conversations[:block], entries, settings, sizes)
+    flip = 0
+    for b, start in enumerate(range(0, len(conversations), block)):
+        for size in (sizes if b % 2 == 0 else sizes[::-1]):
+            for first in range(start, min(start + block, len(conversations)), size):
+                batch = conversations[first : min(first + size, start + block)]
+                for key, jobs in groups.items():
+                    for entry, cfg in (jobs if flip % 2 == 0 else jobs[::-1]):
+                        bar.set_postfix_str(f"B={size} prompts {first + 1}-{first + len(batch)}/{len(conversations)} "
+                                            f"{entry.name if entry else 'plain'} {cfg.rule} T={cfg.temperature:g}", refresh=False)
+                        outs = generate_conversations(model, tokenizer, batch, entry, cfg, settings,
+                                                      logprob=cfg.temperature > 0, plain_above=plain_above)
+                        store = found[size].plain[key] if entry is None else found[size].spec[(entry.name, cfg)]
+                        store += outs
+                        bar.update(1)
+                flip += 1
     bar.close()
     return found

@@ -1,6 +1,7 @@
 """PNG plots of an evaluation report (matplotlib, Agg backend: no display needed).
 
     names = write_plots(folder, report["results"])   # -> ["acceptance_per_depth.png", ...]
+    (speedup_vs_batch.png too when the rows hold more than one batch size)
 """
 
 from __future__ import annotations
@@ -90,6 +91,35 @@ def plot_accepted_lengths(rows: list[dict], path: Path) -> None:
     save(plt, fig, path)
 
 
+def plot_speedup_vs_batch(rows: list[dict], path: Path) -> None:
+    """Speedup and throughput against batch size, one line per drafter (tree), rule and temperature."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    series = collections.defaultdict(list)
+    for row in rows:
+        series[(row["drafter"], row["tree"], row["rule"], row["temperature"])].append(row)
+    plain = {}
+    for (drafter, tree, rule, temp), group in series.items():
+        group.sort(key=lambda r: r["batch_size"])
+        sizes = [r["batch_size"] for r in group]
+        name = f"{drafter} [{tree}] {rule} T={temp:g}"
+        left.plot(sizes, [r["speedup"] or 0 for r in group], marker="o", label=name)
+        right.plot(sizes, [r["tokens_per_s_spec"] for r in group], marker="o", label=name)
+        plain.setdefault(temp if rule != "greedy" else 0.0, {}).update((r["batch_size"], r["tokens_per_s_plain"]) for r in group)
+    for temp, by_size in plain.items():
+        sizes = sorted(by_size)
+        right.plot(sizes, [by_size[b] for b in sizes], color="black", ls="--", marker="x", label=f"plain T={temp:g}")
+    left.axhline(1.0, color="grey", lw=0.8, ls="--")
+    left.set(xlabel="batch size", ylabel="speedup over plain decoding (x)", title="Speedup vs batch size")
+    right.set(xlabel="batch size", ylabel="generated tokens/s (whole batch)", title="Throughput vs batch size")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({r["batch_size"] for r in rows}), [str(b) for b in sorted({r["batch_size"] for r in rows})])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    save(plt, fig, path)
+
+
 PLOTS = {
     "acceptance_per_depth.png": plot_acceptance,
     "tau_speedup_vs_temperature.png": plot_temperature,
@@ -98,8 +128,14 @@ PLOTS = {
 
 
 def write_plots(folder: Path, rows: list[dict]) -> list[str]:
-    """Every plot of the report into `folder`; returns the file names written."""
+    """Every plot of the report into `folder`; returns the file names written. The per-temperature plots show
+    the smallest batch size measured (acceptance does not depend on it); the batch plot all of them."""
     folder.mkdir(parents=True, exist_ok=True)
+    smallest = min(r.get("batch_size", 1) for r in rows)
     for name, plot in PLOTS.items():
-        plot(rows, folder / name)
-    return list(PLOTS)
+        plot([r for r in rows if r.get("batch_size", 1) == smallest], folder / name)
+    names = list(PLOTS)
+    if len({r.get("batch_size", 1) for r in rows}) > 1:
+        plot_speedup_vs_batch(rows, folder / "speedup_vs_batch.png")
+        names.append("speedup_vs_batch.png")
+    return names

@@ -9,6 +9,10 @@ One result row per drafter x acceptance rule x temperature, summarised from the 
     K          draft depth (levels of the tree); c = draft time per level / plain decode-step time
     predicted  (1 - alpha^(K+1)) / ((1 - alpha) (K c + 1)), the chain formula (Leviathan et al. 2023, eq. 1)
     speedup    spec tokens/s / plain tokens/s, both end to end (prefill included)
+
+At batch size B the rows of a batch share each step's wall time evenly, so tokens/s is the batch's
+throughput, and tau, alpha and the acceptance rates are per row. `batch_curve` gathers one drafter's
+rows over the batch sizes and names the smallest at which its speedup falls below 1.
 """
 
 from __future__ import annotations
@@ -98,6 +102,23 @@ def summarise(plain: GenerationStats, spec: GenerationStats, *, depth: int) -> d
     }
 
 
+def batch_curve(rows: list[dict]) -> list[dict]:
+    """One entry per drafter x rule x temperature: its numbers at every batch size and `stops_paying_at`,
+    the smallest batch size measured whose speedup is below 1 (None: it paid at every size measured)."""
+    curves: dict[tuple, dict] = {}
+    for row in sorted(rows, key=lambda r: r["batch_size"]):
+        key = (row["drafter"], row["rule"], row["temperature"])
+        curve = curves.setdefault(key, {"drafter": row["drafter"], "rule": row["rule"], "temperature": row["temperature"],
+                                        "tree": row["tree"], "batch_sizes": [], "speedup": [], "tau": [],
+                                        "tokens_per_s_plain": [], "tokens_per_s_spec": [], "stops_paying_at": None})
+        curve["batch_sizes"].append(row["batch_size"])
+        for name in ("speedup", "tau", "tokens_per_s_plain", "tokens_per_s_spec"):
+            curve[name].append(row[name])
+        if curve["stops_paying_at"] is None and row["speedup"] is not None and row["speedup"] < 1:
+            curve["stops_paying_at"] = row["batch_size"]
+    return list(curves.values())
+
+
 def describe_tree(tree) -> str:
     """A short label: chain:K, dynamic:K,D,T or static(N nodes, depth D)."""
     if isinstance(tree, DynamicTreeSpec):
@@ -176,13 +197,14 @@ def _mismatch(row: dict) -> str:
     return f"{row['greedy_mismatches']}/{row['prompts']}"
 
 
-TABLE_COLUMNS = ("drafter", "rule", "T", "tree", "tau", "alpha", "accept/depth", "c", "verify", "fwd saved",
+TABLE_COLUMNS = ("drafter", "rule", "T", "tree", "B", "tau", "alpha", "accept/depth", "c", "verify", "fwd saved",
                  "tok/s plain", "tok/s spec", "speedup", "predicted", "greedy mismatch")
 
 
 def table_row(row: dict) -> list[str]:
     rates = "/".join(f"{a:.2f}" for a in row["acceptance_rates"][:6]) or "-"
-    return [row["drafter"], row["rule"], f"{row['temperature']:g}", row["tree"], _f(row["tau"]), _f(row["alpha"]),
+    return [row["drafter"], row["rule"], f"{row['temperature']:g}", row["tree"], str(row.get("batch_size", 1)),
+            _f(row["tau"]), _f(row["alpha"]),
             rates, _f(row["c"], ".3f"), _f(row["verify_cost"], ".2f", "x"), _f(_pct(row["forwards_saved"]), ".0f", "%"),
             _f(row["tokens_per_s_plain"], ".1f"), _f(row["tokens_per_s_spec"], ".1f"), _f(row["speedup"], ".2f", "x"),
             _f(row["predicted_speedup"], ".2f", "x"), _mismatch(row)]
@@ -193,9 +215,30 @@ def _pct(x):
 
 
 def format_table(rows: list[dict]) -> str:
-    """The comparison table (Markdown), one line per drafter x rule x temperature."""
-    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
-    lines += ["| " + " | ".join(table_row(r)) + " |" for r in rows]
+    """The comparison table (Markdown), one line per drafter x rule x temperature (x batch size; the B column
+    only when some row is above batch size 1)."""
+    shown = [i for i, name in enumerate(TABLE_COLUMNS) if name != "B" or any(r.get("batch_size", 1) != 1 for r in rows)]
+    lines = ["| " + " | ".join(TABLE_COLUMNS[i] for i in shown) + " |", "|" + "---|" * len(shown)]
+    lines += ["| " + " | ".join(table_row(r)[i] for i in shown) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def format_batch_table(curves: list[dict]) -> str:
+    """Speedup (and tau) per batch size, one line per drafter x rule x temperature, and where it stops paying."""
+    sizes = sorted({b for c in curves for b in c["batch_sizes"]})
+    head = ["drafter", "rule", "T", "tree"] + [f"B={b}" for b in sizes] + ["stops paying at"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    plain_greedy = {}  # every greedy row of a batch size is compared with the same plain runs
+    for c in curves:
+        if c["rule"] == "greedy" or c["temperature"] == 0:
+            plain_greedy.update(zip(c["batch_sizes"], c["tokens_per_s_plain"]))
+    for c in curves:
+        at = dict(zip(c["batch_sizes"], zip(c["speedup"], c["tau"])))
+        cells = [f"{_f(at[b][0], '.2f', 'x')} (tau {_f(at[b][1])})" if b in at else "-" for b in sizes]
+        stops = f"B={c['stops_paying_at']}" if c["stops_paying_at"] else f"pays up to B={max(c['batch_sizes'])}"
+        lines.append("| " + " | ".join([c["drafter"], c["rule"], f"{c['temperature']:g}", c["tree"], *cells, stops]) + " |")
+    if plain_greedy:
+        lines.append("| plain greedy tok/s | | | | " + " | ".join(_f(plain_greedy.get(b), ".1f") for b in sizes) + " | |")
     return "\n".join(lines)
 
 
@@ -235,6 +278,14 @@ def format_markdown(report: dict) -> str:
         "In fp32 there must be none; in bf16/fp16 a multi-token verification rounds differently from a one-token step, "
         "so near-ties can flip and outputs diverge from there on.",
     ]
+    if report.get("batch_curve"):
+        out += ["", "## Speedup vs batch size", "",
+                "Each batch size decodes the same prompts in batches of that many rows (left-padded, each row with its own "
+                "drafter state, seed and acceptance; finished rows leave the batch), interleaved with plain decoding of the "
+                "same batches. Cells: speedup = spec tok/s / plain tok/s at that batch size (tau per row in brackets). "
+                "'stops paying at': the smallest batch size measured whose speedup is below 1; `--plain-above N` "
+                "(eval.plain_above) decodes plainly while more than N rows are generating.", "",
+                format_batch_table(report["batch_curve"])]
     quality = format_quality(report["results"])
     if quality:
         out += ["", "## Quality of sampled outputs", "",

@@ -85,6 +85,7 @@ def test_eval_takes_unset_flags_from_the_runs_recipe(tmp_path, monkeypatch):
     (run / "step_000010").mkdir()
     (run / "step_000010" / "recipe.yaml").write_text(
         "eval:\n  limit: 3\n  tree: chain:2\n  accept: [strict]\n  temperatures: [0.7]\n  max_new_tokens: 16\n  seed: 5\n"
+        "  batch_sizes: [1, 8]\n  plain_above: 6\n"
     )
     seen = []
     monkeypatch.setattr(evaluate, "run_eval", lambda drafters, **kw: seen.append(kw))
@@ -92,8 +93,11 @@ def test_eval_takes_unset_flags_from_the_runs_recipe(tmp_path, monkeypatch):
     assert main(["eval", str(run)]) == 0
     assert main(["eval", str(run) + "+lookup", "--limit", "7", "--accept", "greedy,typical", "--temperature", "0"]) == 0
     assert main(["eval", "lookup"]) == 0
+    assert main(["eval", str(run), "--batch-size", "1,2,4", "--plain-above", "3"]) == 0
 
-    from_recipe, overridden, defaults = seen
+    from_recipe, overridden, defaults, batched = seen
+    assert (from_recipe["batch_sizes"], from_recipe["plain_above"], defaults["batch_sizes"], defaults["plain_above"]) == ([1, 8], 6, [1], None)
+    assert (batched["batch_sizes"], batched["plain_above"]) == ([1, 2, 4], 3)
     assert (from_recipe["limit"], from_recipe["tree"], from_recipe["accept"], from_recipe["temperatures"]) == (3, "chain:2", ["strict"], [0.7])
     assert (from_recipe["max_new_tokens"], from_recipe["seed"], from_recipe["prompts"]) == (16, 5, "humaneval")
     assert (overridden["limit"], overridden["accept"], overridden["temperatures"], overridden["tree"]) == (7, ["greedy", "typical"], [0.0], "chain:2")

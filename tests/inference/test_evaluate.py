@@ -126,7 +126,7 @@ def test_combined_drafter_adds_the_lookup_continuation():
 
 def run_rows(entries, configs, conv, sett):
     model, tokenizer = fixture()
-    found = measure(model, tokenizer, conv, entries, configs, sett, progress=False)
+    found = measure(model, tokenizer, conv, entries, configs, sett, progress=False)[1]
     return build_rows(found, entries, configs, conv), found
 
 
@@ -201,7 +201,7 @@ def test_turns_are_answered_one_by_one_with_the_chat_template(monkeypatch):
     def short_replies(target, drafter, ids, max_new_tokens, **kw):
         inputs.append(ids[0].tolist())
         out = real(target, drafter, ids, 3, **{**kw, "eos_token_id": []})
-        out.tokens = torch.cat([out.tokens, torch.tensor([[end]])], 1)   # every reply ends its turn
+        out.rows = [row + [end] for row in out.rows]   # every reply ends its turn
         return out
 
     monkeypatch.setattr(measure_module, "speculative_generate", short_replies)
@@ -261,9 +261,10 @@ def test_run_eval_writes_consistent_report(eagle_run, tmp_path, capsys):
     assert all(r["logprob_spec"] is not None and r["greedy_mismatches"] is None for r in rows[3:])
     md = (out / "report.md").read_text()
     table = md_table(md)
-    assert table[0] == list(TABLE_COLUMNS) and len(table) == 1 + len(rows)
+    columns = [c for c in TABLE_COLUMNS if c != "B"]           # batch size 1 only: no batch-size column
+    assert table[0] == columns and len(table) == 1 + len(rows)
     for cells, row in zip(table[1:], rows):
-        cell = dict(zip(TABLE_COLUMNS, cells))
+        cell = dict(zip(columns, cells))
         assert (cell["drafter"], cell["rule"]) == (row["drafter"], row["rule"])
         assert cell["tau"] == f"{row['tau']:.2f}" and cell["speedup"] == f"{row['speedup']:.2f}x"
         assert cell["predicted"] == f"{row['predicted_speedup']:.2f}x"
