@@ -33,6 +33,19 @@ def warp_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, t
     return logits.softmax(-1)
 
 
+# Draft probabilities below this are set to 0 before children are drawn. Once every likelier token of a node is
+# drawn, its next child would be drawn among fp32 subnormals (q ~ 1e-45 at T=0.3 and a sharp draft), where
+# multinomial and the strict rule's renormalisation of what is left round differently: a measured chi-square
+# failure. At q = 0 such a child is a pad, which the rule's point-mass case handles exactly.
+DRAW_FLOOR = 1e-20
+
+
+def drawable(probs: torch.Tensor) -> torch.Tensor:
+    """[..., V] probabilities -> the same with the values below DRAW_FLOOR zeroed, renormalised."""
+    probs = probs.masked_fill(probs < DRAW_FLOOR, 0.0)
+    return probs / probs.sum(-1, keepdim=True)
+
+
 def top1(logits: torch.Tensor) -> torch.Tensor:
     """[..., V] -> [...] index of the largest value (the first one on ties), like argmax.
 

@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from draftheads.core.sampling import pick_children, warp_probs
+from draftheads.core.sampling import drawable, pick_children, warp_probs
 from draftheads.core.tree import DynamicTreeSpec, Tree
 from draftheads.heads.draft_vocab import FULL
 
@@ -56,7 +56,7 @@ def child_distribution(logits: torch.Tensor, sampling: Sampling, need: int) -> t
     short = (probs > 0).sum(-1, keepdim=True) < need
     if short.any():
         probs = torch.where(short, warp_probs(logits, sampling.temperature), probs)
-    return probs
+    return drawable(probs)
 
 
 def choose_children(probs: torch.Tensor, k: int, sampling: Sampling) -> torch.Tensor:

@@ -18,7 +18,7 @@ from torch import nn
 from draftheads.core.config import check, doc
 from draftheads.core.drafter import Proposal
 from draftheads.core.errors import DraftheadsError
-from draftheads.core.sampling import pick_children, warp_probs
+from draftheads.core.sampling import drawable, pick_children, warp_probs
 from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
 from draftheads.heads.common import (DepthMetrics, TargetDistribution, batch_features, bind_frozen, masked_ce, mean_loss,
                                      target_dims)
@@ -262,7 +262,7 @@ class MedusaDrafter(nn.Module):
             tree = tree.compacted()
         widths = [1 + max(r for r, d in zip(tree.ranks, tree.depths) if d == level) for level in range(1, depth + 1)]
         if sampled:
-            q = warp_probs(logits, temperature, top_k, top_p)
+            q = drawable(warp_probs(logits, temperature, top_k, top_p))
             picks = [self.vocab.to_target(pick_children(q[:, d], widths[d], generator)) for d in range(depth)]
             tree = _prune(tree, [p.shape[1] for p in picks])
             q = self.vocab.widen_probs(q)

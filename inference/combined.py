@@ -48,7 +48,8 @@ def graft(tree: Tree, tokens: list[int], chain: list[int]) -> tuple[Tree, list[i
 
 
 class CombinedDrafter:
-    """Learned drafter + prompt lookup (batch 1): the learned tree with the lookup chain as an extra branch."""
+    """Learned drafter + prompt lookup: the learned tree with the lookup chain as an extra branch. One sequence
+    per drafter, like every drafter's state: the batched loop gives each row its own copy (`__copy__`)."""
 
     def __init__(self, learned, lookup: PromptLookupDrafter | None = None, lookup_depth: int = 6):
         self.learned = learned

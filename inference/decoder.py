@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from draftheads.core.drafter import Drafter, Proposal
+from draftheads.core.errors import DraftheadsError
 from draftheads.core.sampling import sample, top1
 from draftheads.core.tree import DynamicTreeSpec, Tree
 from draftheads.inference.accept import accept
@@ -162,6 +163,8 @@ class Decoder:
                 f"{type(row.drafter).__name__}.propose returned tokens {tuple(tokens.shape)} for a "
                 f"{proposal.tree.num_nodes}-node tree; it must be [1, nodes] with column 0 the pending token"
             )
+        if proposal.q is not None:
+            check_drawn_without_replacement(type(row.drafter).__name__, proposal.tree, tokens[0].tolist())
         return proposal
 
     def _committed_slots(self, width: int) -> torch.Tensor:
@@ -210,6 +213,20 @@ class Decoder:
             self.valid = None if self.valid is None else self.valid[index.cpu()]
             if self.valid is not None and bool(self.valid.all()):
                 self.valid = None
+
+
+def check_drawn_without_replacement(name: str, tree: Tree, tokens: list[int]) -> None:
+    """A proposal that passes q says each node's children were drawn from it without replacement, in rank
+    order (what the strict rule accounts for); two siblings with the same token contradict that."""
+    seen = set()
+    for node in range(1, tree.num_nodes):
+        key = (tree.parents[node], tokens[node])
+        if key in seen:
+            raise DraftheadsError(
+                f"{name}.propose drew token {tokens[node]} twice among the children of node {key[0]} while passing q; "
+                "draw a node's children from q without replacement (draftheads.core.sampling.pick_children), "
+                "or return q=None for deterministic children")
+        seen.add(key)
 
 
 def left_pad(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,8 +3,9 @@
 1. Exact: the law of the token emitted at a node, enumerated over every draw of its children, equals p.
 2. Statistical: 10^5 independent speculative steps on a toy Markov target with an unrelated (poor) Markov
    drafter, completed to a fixed length by plain target sampling; every adjacent pair of emitted tokens is
-   chi-square tested against its exact law. Chains K in {1, 3, 5}, trees of width 2-4, T in {0.6, 1, 1.5},
-   top-k and top-p, children sampled without replacement (q given) or deterministic (q None).
+   chi-square tested against its exact law. Chains K in {1, 3, 5}, trees of width 2-4, T in {0.1, 0.3, 0.6,
+   1, 1.5}, top-k and top-p, children sampled without replacement (q given, padded where q underflowed) or
+   deterministic (q None), and trees auto_tree builds from irregular accuracy tables.
 3. Deliberately broken rules (resample from p instead of the residual; forget that siblings were drawn
    without replacement) fail both checks; the point-mass rule applied to sampled children does not (it is
    exact for any way of drawing the children, only less efficient).
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from draftheads.inference import accept as rules
-from draftheads.core.sampling import pick_children, warp_probs
+from draftheads.core.sampling import warp_probs
 from draftheads.core.tree import Tree
 
 V = 10
@@ -143,23 +144,31 @@ def test_value_dependent_pruning_needs_point_masses():
 
 
 # ---- statistical tests on a Markov toy target ------------------------------------------------------
-def draft(tree: Tree, temperature: float, sampled: bool, generator) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """tokens [ROWS, N] and, when sampled, q [ROWS, N, V]: children drawn without replacement from the
-    drafter's Markov q (else its deterministic top-k)."""
+def draft(tree: Tree, temperature: float, sampled: bool, generator, sharpness: float = 1.0):
+    """(tree, tokens [ROWS, N], q [ROWS, N, V] or None) as the drafters draft: children drawn without replacement
+    from the drafter's Markov q, padded with q = 0 tokens where q underflowed (heads/draft_tree.py), on the
+    gap-free tree (Tree.compacted) when sampled; else its deterministic top-k. sharpness scales the draft
+    logits (a large one underflows q at low temperatures)."""
+    from draftheads.heads.draft_tree import Sampling, child_distribution, choose_children
+
+    tree = tree.compacted() if sampled else tree
+    sampling = Sampling(temperature, generator=generator if sampled else None)
     tokens = torch.full((ROWS, tree.num_nodes), ROOT, dtype=torch.long)
     q = torch.zeros(ROWS, tree.num_nodes, V)
-    table = warp_probs(DRAFT, temperature)   # warp the [depth, prev, V] table once, then index it per row
     for node, kids in enumerate(tree.children):   # node order: parents come first
-        q[:, node] = table[tree.depths[node], tokens[:, node]]
         if kids:
-            tokens[:, list(kids)] = pick_children(q[:, node], len(kids), generator if sampled else None)
-    return tokens, (q if sampled else None)
+            need = max(tree.ranks[c] for c in kids) + 1
+            q[:, node] = child_distribution(sharpness * DRAFT[tree.depths[node], tokens[:, node]], sampling, need)
+            picked = choose_children(q[:, node], need, sampling)
+            tokens[:, list(kids)] = picked[:, [tree.ranks[c] for c in kids]]
+    return tree, tokens, (q if sampled else None)
 
 
-def speculative_sequences(tree: Tree, temperature, top_k, top_p, sampled: bool, seed: int) -> torch.Tensor:
+def speculative_sequences(tree: Tree, temperature, top_k, top_p, sampled: bool, seed: int,
+                          sharpness: float = 1.0) -> torch.Tensor:
     """[ROWS, depth + 1] tokens: one strict step's emitted tokens, completed by plain target sampling."""
     g = torch.Generator().manual_seed(seed)
-    tokens, q = draft(tree, temperature, sampled, g)
+    tree, tokens, q = draft(tree, temperature, sampled, g, sharpness)
     table = warp_probs(TARGET, temperature, top_k, top_p)
     p = table[tree.depth_tensor[None, :], tokens]
     result = rules.accept_strict(tree, tokens, p, q, g)
@@ -224,6 +233,46 @@ TREES = {f"chain{k}": Tree.chain(k) for k in (1, 3, 5)} | {f"width{w}": wide_tre
 def test_strict_emits_target_distribution(tree, temperature, top_k, top_p, sampled):
     sequences = speculative_sequences(TREES[tree], temperature, top_k, top_p, sampled, seed=11)
     assert worst_pvalue(sequences, temperature, top_k, top_p) > P_MIN
+
+
+# Low temperatures, where the warped laws are nearly point masses: with sharpness 12 the draft's q underflows
+# to fewer tokens than a node has children, so the wide trees get pads (q = 0) at most of their nodes.
+LOW_T_CASES = [  # (tree, temperature, top_k, top_p, sampled, draft sharpness)
+    ("chain3", 0.1, 0, 1.0, True, 1.0), ("width3", 0.1, 0, 1.0, True, 1.0), ("width4", 0.3, 0, 0.8, True, 1.0),
+    ("chain5", 0.3, 4, 1.0, True, 1.0), ("width2", 0.1, 0, 1.0, False, 1.0), ("width4", 0.3, 4, 1.0, False, 1.0),
+    ("width3", 0.1, 0, 1.0, True, 12.0), ("width4", 0.3, 0, 1.0, True, 12.0),
+]
+
+
+@pytest.mark.parametrize("tree,temperature,top_k,top_p,sampled,sharpness", LOW_T_CASES)
+def test_strict_emits_target_distribution_at_low_temperatures(tree, temperature, top_k, top_p, sampled, sharpness):
+    if sharpness > 1:   # the case is what it claims: many children are pads
+        drafted, tokens, q = draft(TREES[tree], temperature, True, torch.Generator().manual_seed(11), sharpness)
+        parents = torch.tensor(drafted.parents[1:])
+        pads = q[:, parents].gather(2, tokens[:, 1:, None])[..., 0] == 0      # [ROWS, N - 1]
+        assert pads.float().mean() > 0.1
+    sequences = speculative_sequences(TREES[tree], temperature, top_k, top_p, sampled, seed=11, sharpness=sharpness)
+    assert worst_pvalue(sequences, temperature, top_k, top_p) > P_MIN
+
+
+# Trees auto_tree builds from irregular (non-monotone in rank) accuracy tables, which leave gaps in sibling
+# ranks; the drafters draft them gap-free when sampling (the tree above is compacted the same way).
+IRREGULAR_TABLES = {
+    "issue": ([[0.5, 0.05, 0.08, 0.02], [0.4, 0.1]], 3),                           # -> (0,), (2,), (0, 0)
+    "deep": ([[0.4, 0.1, 0.3], [0.2, 0.05, 0.25], [0.5, 0.02, 0.3]], 7),
+}
+
+
+@pytest.mark.parametrize("table", IRREGULAR_TABLES)
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.3, 0, 0.8)])
+def test_strict_is_exact_on_trees_auto_tree_builds_from_irregular_tables(table, temperature, top_k, top_p):
+    from draftheads.inference.auto_tree import auto_tree
+
+    tree = auto_tree(*IRREGULAR_TABLES[table])
+    assert tree.paths != tree.compacted().paths       # a gap in some sibling ranks
+    for sampled in (True, False):
+        sequences = speculative_sequences(tree, temperature, top_k, top_p, sampled, seed=13)
+        assert worst_pvalue(sequences, temperature, top_k, top_p) > P_MIN
 
 
 @pytest.mark.parametrize("broken", BROKEN)
@@ -354,3 +403,24 @@ def test_every_drafter_drafts_a_gapped_tree_gap_free_when_sampling(kind, cfg):
     sampled = drafter.propose(gapped, temperature=1.0, generator=torch.Generator().manual_seed(1))
     assert sampled.tree.paths == ((0,), (1,), (0, 0), (1, 0)) and sampled.q is not None
     assert drafter.propose(gapped).tree.paths == Tree.from_paths(gapped).paths  # top-k children: gaps are exact
+
+
+def test_a_proposal_with_siblings_drawn_with_replacement_is_refused():
+    """Passing q says the children were drawn from it without replacement; two equal siblings say otherwise."""
+    from draftheads.core.drafter import Proposal
+    from draftheads.core.errors import DraftheadsError
+    from draftheads.inference.generate import speculative_generate
+    from tests.inference.stubs import RandomDrafter
+
+    class WithReplacement(RandomDrafter):
+        def propose(self, tree, **kw):
+            proposal = super().propose(tree, **kw)
+            tokens = proposal.tokens.clone()
+            tokens[:, 2] = tokens[:, 1]             # both root children the same draw
+            return Proposal(proposal.tree, tokens, proposal.q)
+
+    model, prompt = small_target(), torch.tensor([[2, 5, 7, 3, 9]])
+    drafter = WithReplacement(16, sampled=True, tree=Tree.from_paths([(0,), (1,), (0, 0)]))
+    with pytest.raises(DraftheadsError, match=r"WithReplacement.propose drew token \d+ twice among the children of node 0"):
+        speculative_generate(model, drafter, prompt, 4, accept="strict", temperature=1.0, eos_token_id=[])
+    speculative_generate(model, drafter, prompt, 4, accept="greedy", eos_token_id=[])   # top-k children: q is None
