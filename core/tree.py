@@ -180,10 +180,13 @@ MAX_SPEC_CHARS = 100_000
 
 @dataclass(frozen=True)
 class AutoTreeSpec:
-    """A static tree of `budget` draft nodes that `draftheads eval` fits to each drafter's measured
-    per-depth, per-rank accuracies (inference/auto_tree.py); no drafter proposes it directly."""
+    """A static tree of at most `budget` draft nodes that `draftheads eval` fits to each drafter's measured
+    per-depth, per-rank accuracies (inference/auto_tree.py); no drafter proposes it directly.
+    objective 'speed': the highest predicted tokens per second on this machine (inference/cost_model.py);
+    'tau': the most tokens per forward, all `budget` nodes used."""
 
     budget: int = AUTO_BUDGET
+    objective: str = "speed"
 
     @property
     def num_nodes(self) -> int:
@@ -191,12 +194,12 @@ class AutoTreeSpec:
 
 
 TreeSpec = Tree | DynamicTreeSpec | AutoTreeSpec
-SPEC_FORMS = "chain:K, dynamic:TOPK,DEPTH,TOTAL, static:PATHS or auto[:NODES]"
+SPEC_FORMS = "chain:K, dynamic:TOPK,DEPTH,TOTAL, static:PATHS, auto[:NODES] or auto:tau[:NODES]"
 
 
 def parse_tree(spec, setting: str | None = None) -> TreeSpec | None:
     """A tree from what users write: None, a Tree or spec, 'chain:K', 'dynamic:TOPK,DEPTH,TOTAL',
-    'static:[(0,), (0, 0), ...]', 'auto', 'auto:NODES', or a list of index paths.
+    'static:[(0,), (0, 0), ...]', 'auto', 'auto:NODES', 'auto:tau', 'auto:tau:NODES', or a list of index paths.
 
     A spec that is not one of these, or is larger than the limits (MAX_DEPTH levels, MAX_NODES
     draft nodes, MAX_TOP_K children per node), is a one-line DraftheadsError (naming `setting`,
@@ -251,8 +254,10 @@ def _parse(spec) -> TreeSpec:
         except (ValueError, SyntaxError):
             raise ValueError("PATHS must be a list of index tuples like [(0,), (1,), (0, 0)]") from None
         return _static(paths)
-    if kind == "auto" and (not args or (len(numbers) == 1 and "," not in args)):
-        return AutoTreeSpec(numbers[0] if numbers else AUTO_BUDGET)
+    if kind == "auto":
+        objective, _, budget = args.partition(":") if args.startswith("tau") else ("speed", "", args)
+        if objective in ("speed", "tau") and (not budget or (budget.isdigit() and int(budget) > 0)):
+            return AutoTreeSpec(int(budget) if budget else AUTO_BUDGET, objective)
     raise ValueError("not a tree spec")
 
 

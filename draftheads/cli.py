@@ -1,4 +1,4 @@
-"""`draftheads` command line: data, train, eval, export, demo, recipe.
+"""`draftheads` command line: data, train, eval, profile, export, demo, recipe.
 
 Every user error is a `DraftheadsError`, printed as one line (`error: ...`) with exit status 2.
 Each command imports the package that does its work when it runs, not before: those pull in torch
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="at most this many prompts (default: 20)")
     p.add_argument("--accept", default=None, help="comma-separated: greedy,strict,typical (default: greedy)")
     p.add_argument("--temperature", default=None, help="comma-separated temperatures (default: 0)")
-    p.add_argument("--tree", default=None, help="chain:K | static:PATHS | auto | dynamic:TOPK,DEPTH,TOTAL")
+    p.add_argument("--tree", default=None, help="chain:K | static:PATHS | dynamic:TOPK,DEPTH,TOTAL | auto[:NODES] (fastest on this machine) | auto:tau[:NODES] (most tokens per forward)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens generated per prompt (default: 128)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     p.add_argument("--out", default=None, help="report folder (default: a timestamped folder)")
@@ -68,7 +68,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", default=None,
                    help="comma-separated batch sizes, e.g. 1,2,4,8,16: the speedup-vs-batch curve (default: 1)")
     p.add_argument("--plain-above", type=int, default=None, help="decode plainly while more than this many rows are generating")
+    p.add_argument("--refresh-profile", action="store_true",
+                   help="time the target on this machine again instead of reading the cached cost profile")
     p.set_defaults(handler=cmd_eval)
+
+    p = sub.add_parser("profile", help="time the target's verify forwards and the drafters' costs on this machine")
+    p.add_argument("target", help="target spec, e.g. smollm2-135m or a Hugging Face id or folder")
+    p.add_argument("drafters", nargs="*", help="drafter or run folders to time with it")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    p.add_argument("--refresh", action="store_true", help="measure again instead of reading the cached profile")
+    p.add_argument("--out", default=None, help="folder for profile.json and profile.png (default: runs/profile-TIME)")
+    p.set_defaults(handler=cmd_profile)
 
     p = sub.add_parser("export", help="export a drafter for a serving engine")
     p.add_argument("source", help="run folder or drafter folder")
@@ -151,7 +161,15 @@ def cmd_eval(args) -> int:
         max_new_tokens=_given(args.max_new_tokens, recipe.max_new_tokens), dtype=args.dtype, out=args.out,
         combined=args.combined, seed=recipe.seed, typical_epsilon=recipe.typical_epsilon, typical_delta=recipe.typical_delta,
         batch_sizes=batch_sizes, plain_above=_given(args.plain_above, recipe.plain_above),
+        refresh_profile=args.refresh_profile,
     )
+    return 0
+
+
+def cmd_profile(args) -> int:
+    from draftheads.inference.profile_report import run_profile
+
+    run_profile(args.target, args.drafters, dtype=args.dtype, refresh=args.refresh, out=args.out)
     return 0
 
 

@@ -60,8 +60,14 @@ def accept(
     *,
     epsilon: float = 0.09,
     delta: float = 0.3,
+    warp: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> Acceptance:
-    """Run the rule named `rule` (a key of RULES)."""
+    """Run the rule named `rule` (a key of RULES). warp: p is raw logits, and the rule warps only the nodes it
+    reads (strict reads depth + 1 of a tree's N nodes); the other rules warp all of them first."""
+    if warp is not None and rule == "strict":
+        return accept_strict(tree, tokens, p, q, generator, warp=warp)
+    if warp is not None:
+        p = warp(p)
     return RULES[check_rule(rule)](tree, tokens, p, q, generator, epsilon, delta)
 
 
@@ -157,8 +163,9 @@ def residual(r: torch.Tensor, q_j: torch.Tensor) -> torch.Tensor:
 
 
 def accept_strict(
-    tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None = None, generator=None
+    tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None = None, generator=None, warp=None
 ) -> Acceptance:
+    """warp: p holds logits and each node's distribution is warp(logits) when the walk reaches it."""
     b, _, vocab = p.shape
     device = tokens.device
     rows = torch.arange(b, device=device)
@@ -169,7 +176,7 @@ def accept_strict(
     walking = torch.ones(b, dtype=torch.bool, device=device)
     next_token = torch.zeros(b, dtype=torch.long, device=device)
     for depth in range(tree.depth + 1):
-        r = p[rows, node].float()
+        r = (p[rows, node] if warp is None else warp(p[rows, node])).float()
         q_left = None if q is None else q[rows, node].float()
         moved = torch.zeros_like(walking)
         for rank in range(children.shape[1]):

@@ -129,8 +129,8 @@ class Decoder:
         paths, emitted, following = [], [], []
         for r, (i, proposal) in enumerate(zip(self.live, proposals)):
             row, n = self.rows[i], proposal.tree.num_nodes
-            result = accept(s.rule, proposal.tree, proposal.tokens, s.warp(out.logits[r : r + 1, :n]), proposal.q,
-                            row.generator, epsilon=s.epsilon, delta=s.delta)
+            result = accept(s.rule, proposal.tree, proposal.tokens, out.logits[r : r + 1, :n], proposal.q,
+                            row.generator, epsilon=s.epsilon, delta=s.delta, warp=s.warp)
             path = result.path[0, : int(result.num_accepted[0]) + 1]
             new_tokens = torch.cat([proposal.tokens[0, path[1:]], result.next_token[:1]])
             paths.append(path)

@@ -15,8 +15,10 @@ import collections
 import datetime
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import yaml
 
 from draftheads.core.config import build, to_dict
@@ -27,11 +29,13 @@ from draftheads.heads.common import text_config
 from draftheads.inference.accept import check_rule
 from draftheads.inference.auto_tree import auto_tree, expected_accepted
 from draftheads.inference.combined import CombinedDrafter
+from draftheads.inference.cost_model import StepShape, fastest_tree, predict
 from draftheads.inference.eval_config import EvalConfig
 from draftheads.inference.lookup import PromptLookupDrafter
 from draftheads.inference.measure import (Conversation, Entry, EvalSettings, Measurements, RunConfig, first_chat,
                                           generate_conversations, measure, plan_configs)
 from draftheads.inference.plots import write_plots
+from draftheads.inference.profile import drafter_profile, folder_fingerprint, rule_setting, target_profile
 from draftheads.inference.report import (batch_curve, describe_tree, environment, format_batch_table, format_table, now,
                                          summarise, write_report)
 from draftheads.inference.stats import GenerationStats
@@ -50,13 +54,14 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
              max_new_tokens: int = 128, dtype: str = "auto", out: str | None = None, target_model=None,
              combined: bool = False, seed: int = 0, top_k: int = 0, top_p: float = 1.0, typical_epsilon: float = 0.09,
              typical_delta: float = 0.3, batch_sizes: list[int] = (1,), plain_above: int | None = None,
-             progress: bool = True) -> Path:
+             refresh_profile: bool = False, progress: bool = True) -> Path:
     """Measure every drafter x rule x temperature on the prompts; write and print the report; return its folder.
 
     batch_sizes: decode the prompts in batches of each of these sizes (interleaved); more than batch size 1
     adds the speedup-vs-batch table and plot, and the batch size at which each drafter stops paying.
     plain_above: decode plainly while more than this many rows of a batch are generating.
     target_model: (model, tokenizer) to use instead of loading `target` (tests, the demo).
+    refresh_profile: time the target again instead of reading this machine's cached cost profile.
     """
     check_settings(accept, temperatures, max_new_tokens, limit)
     batch_sizes = check_batch_settings(batch_sizes, plain_above)
@@ -68,14 +73,20 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
     configs = plan_configs(accept, temperatures)
     settings = eval_settings(model, tokenizer, entries, max_new_tokens, seed, top_k, top_p, typical_epsilon, typical_delta,
                              extra_nodes=max(budget + 1 + LOOKUP_DEPTH, COMB_WIDTH * COMB_DEPTH + 1) if budget else 1)
-    conversations, skipped = load_conversations(prompts, limit, tokenizer, settings)
+    conversations, skipped, calibration = load_conversations(prompts, limit, tokenizer, settings, CALIBRATION_PROMPTS)
+    rules = {(c.rule, c.temperature, top_k, top_p) for c in configs} | {("strict", c.temperature, top_k, top_p) for c in configs}
+    profile = target_profile(model, refresh=refresh_profile, rules=sorted(rules), progress=lambda line: print(line, flush=True))
+    lengths = [len(first_chat(tokenizer, c, settings).input_ids) for c in conversations]
     if budget:
-        fit_auto_trees(model, tokenizer, entries, conversations, settings, budget)
+        fit_auto_trees(model, tokenizer, entries, calibration, settings, requested, profile, lengths)
+    predictions = predict_entries(model, tokenizer, entries, configs, calibration, settings, profile, lengths)
     print(f"draftheads eval: {len(conversations)} prompts from {prompts}, {len(entries)} drafters "
           f"({', '.join(e.name for e in entries)}), {len(configs)} rule/temperature settings, target {target_info['name']} "
           f"in {target_info['dtype']}", flush=True)
     found = measure(model, tokenizer, conversations, entries, configs, settings, progress, batch_sizes, plain_above)
     rows = [row for size, at_size in found.items() for row in build_rows(at_size, entries, configs, conversations, size)]
+    for row in rows:
+        row.update(prediction_columns(predictions.get((row["drafter"], row["rule"], row["temperature"])), row))
     folder = report_folder(out, drafters)
     report = {
         "created": now(), "target": target_info, "environment": environment(),
@@ -85,8 +96,9 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
             "dtype": target_info["dtype"], "seed": seed, "seed_rule": "seed + 1000 * prompt index + turn, same for plain and speculative",
             "top_k": top_k, "top_p": top_p, "combined": combined, "typical_epsilon": typical_epsilon,
             "typical_delta": typical_delta, "stop_ids": settings.stop_ids, "batch_sizes": batch_sizes,
-            "plain_above": plain_above,
+            "plain_above": plain_above, "calibration_prompts": [c.prompt_id for c in calibration],
         },
+        "cost_profile": {"key": profile.key, "created": profile.created},
         **results_section(found, entries, conversations, skipped, rows),
     }
     report["plots"] = write_plots(folder, rows) if rows else []
@@ -244,7 +256,7 @@ def entry_info(entry: Entry) -> dict:
 
 # ---------------------------------------------------------------- automatic trees
 
-COMB_WIDTH, COMB_DEPTH, CALIBRATION_PROMPTS, LOOKUP_DEPTH = 8, 6, 4, 6
+COMB_WIDTH, COMB_DEPTH, CALIBRATION_PROMPTS, LOOKUP_DEPTH = 8, 6, 6, 6
 
 
 def comb_tree(width: int, depth: int) -> Tree:
@@ -252,10 +264,13 @@ def comb_tree(width: int, depth: int) -> Tree:
     return Tree.from_paths([(0,) * d + (r,) for d in range(depth) for r in range(width)])
 
 
-def fit_auto_trees(model, tokenizer, entries: list[Entry], conversations, settings: EvalSettings, budget: int) -> None:
-    """Give each learned drafter the static tree of `budget` nodes that maximises its expected accepted length,
-    from per-depth, per-rank accuracies measured with greedy decoding on the first few prompts (Medusa's recipe).
-    Combined drafters take their learned drafter's tree; prompt lookup keeps its chain."""
+def fit_auto_trees(model, tokenizer, entries: list[Entry], calibration, settings: EvalSettings, spec: AutoTreeSpec,
+                   profile, lengths: list[int]) -> None:
+    """Give each learned drafter a static tree of at most `spec.budget` nodes fitted to its per-depth, per-rank
+    accuracies, measured with greedy decoding on the calibration prompts (Medusa's recipe): the one with the
+    highest predicted tokens/s on this machine (objective 'speed'), or the one with the most expected tokens per
+    forward (objective 'tau'). Combined drafters take their learned drafter's tree; prompt lookup keeps its chain."""
+    budget = spec.budget
     for entry in entries:
         if entry.kind != "learned":
             continue
@@ -263,20 +278,96 @@ def fit_auto_trees(model, tokenizer, entries: list[Entry], conversations, settin
         comb = comb_tree(COMB_WIDTH, min(COMB_DEPTH, entry.draft_limit or COMB_DEPTH))
         probe = Entry(entry.name, entry.kind, entry.drafter, comb, comb.depth)
         runs = [generate_conversations(model, tokenizer, [c], probe, RunConfig("greedy", 0.0), settings)[0]
-                for c in conversations[:CALIBRATION_PROMPTS]]
+                for c in calibration]
         table = [row + [0.0] * (COMB_WIDTH - len(row)) for row in GenerationStats.merged(r.stats for r in runs).rank_accuracy]
         try:
-            tree = auto_tree(table or [[0.0]], budget)
-            note = f"auto:{budget} (expected {1 + expected_accepted(tree, table):.2f} tokens/forward)"
+            if spec.objective == "speed":
+                costs = profile_entry(model, tokenizer, entry, calibration, settings)
+                tree, figures = fastest_tree(profile, costs, table or [[0.0]], lengths, settings.max_new_tokens,
+                                             max_budget=budget)
+                note = (f"auto:{budget} -> {tree.num_nodes - 1} nodes (predicted {figures['tau']:.2f} tokens/forward, "
+                        f"{figures['speedup']:.2f}x)")
+            else:
+                tree = auto_tree(table or [[0.0]], budget)
+                note = f"auto:tau:{budget} (expected {1 + expected_accepted(tree, table):.2f} tokens/forward)"
         except DraftheadsError:   # the drafter never matched the target on the calibration prompts
             tree, note = Tree.chain(1), f"auto:{budget} -> chain:1 (no draft matched during calibration)"
         entry.tree, entry.depth = tree, tree.depth
+        print(f"draftheads eval: {entry.name}: {note}: {describe_tree(tree)}", flush=True)
         entry.info.update(tree=f"{describe_tree(tree)} (auto)", auto_tree=note, accuracy_table=table, tree_paths=list(tree.paths))
     for entry in entries:
         if entry.kind == "combined":
             source = next(e for e in entries if e.kind == "learned" and e.drafter is entry.drafter.learned)
             entry.tree, entry.depth = source.tree, source.depth
             entry.info.update(tree=f"{source.info['tree']} + lookup chain:{entry.drafter.lookup_depth}")
+
+
+def profile_entry(model, tokenizer, entry: Entry, calibration, settings: EvalSettings):
+    """The drafter's cached cost profile (draft time per level and per node), timed on the first calibration prompt."""
+    prompt = torch.tensor(first_chat(tokenizer, calibration[0], settings).input_ids, device=model.device)
+    folder = entry.info.get("folder")
+    key = {"drafter": entry.name, "kind": entry.kind, "folder": folder_fingerprint(Path(folder)) if folder else None,
+           "lookup_depth": getattr(entry.drafter, "lookup_depth", None)}
+    return drafter_profile(model, entry.drafter, prompt=prompt, name=entry.name, key=key, draft_limit=entry.draft_limit,
+                           progress=lambda line: print(line, flush=True))
+
+
+# ---------------------------------------------------------------- predictions
+
+
+@dataclass
+class Forecast:
+    """What the cost model needs for one drafter x rule besides a step's shape: the machine's profile, the rule's
+    cost names, the drafter's draft time per step, the prompts' lengths and the tokens expected per prompt."""
+
+    profile: object
+    setting: str
+    plain_setting: str
+    draft_s: float
+    lengths: list[int]
+    new_tokens: int
+    calibrated: StepShape
+
+    def speedup(self, shape: StepShape) -> dict:
+        return predict(self.profile, None, shape, self.lengths, self.new_tokens, self.setting, self.plain_setting,
+                       draft_s=self.draft_s)
+
+
+def predict_entries(model, tokenizer, entries: list[Entry], configs: list[RunConfig], calibration,
+                    settings: EvalSettings, profile, lengths: list[int]) -> dict:
+    """(drafter, rule, temperature) -> its Forecast, made before the evaluated prompts run: tau, nodes and draft time
+    per step from the same drafter, tree and rule on the calibration prompts; verify and rule costs from the
+    machine's profile."""
+    out = {}
+    for cfg in configs:
+        setting = rule_setting(cfg.rule, cfg.temperature, settings.top_k, settings.top_p)
+        plain_setting = rule_setting("strict" if cfg.sampled else "greedy", cfg.temperature, settings.top_k, settings.top_p)
+        for entry in entries:
+            runs = generate_conversations(model, tokenizer, calibration, entry, cfg, settings)
+            stats = GenerationStats.merged(r.stats for r in runs)
+            if stats.steps:
+                shape = StepShape(stats.tau, sum(stats.step_nodes) / stats.steps, entry.depth)
+                out[(entry.name, cfg.rule, cfg.temperature)] = Forecast(
+                    profile, setting, plain_setting, stats.mean_draft_s, lengths,
+                    round(stats.new_tokens / max(1, len(calibration))), shape)
+    return out
+
+
+def prediction_columns(forecast: Forecast | None, row: dict) -> dict:
+    """The row's predicted figures and their errors against what was measured: `predicted_*` from the calibration
+    prompts' acceptance (made before the run); `cost_model_*` the same cost model given the acceptance this run
+    measured (tau and nodes per step, not its timings), which isolates the error of the costs from that of tau."""
+    none = {"predicted_speedup": None, "prediction_error": None, "predicted_tau": None, "cost_model_speedup": None,
+            "cost_model_error": None}
+    if forecast is None or row.get("batch_size", 1) != 1:   # the profile times one sequence
+        return none
+    before = forecast.speedup(forecast.calibrated)
+    given = forecast.speedup(StepShape(row["tau"], row["mean_nodes"], forecast.calibrated.depth))
+    measured = row.get("speedup")
+    return {"predicted_speedup": before["speedup"], "predicted_tau": before["tau"],
+            "predicted_verify_cost": before["verify_cost"], "predicted_draft_cost": before["draft_cost"],
+            "prediction_error": before["speedup"] / measured - 1 if measured else None,
+            "cost_model_speedup": given["speedup"], "cost_model_error": given["speedup"] / measured - 1 if measured else None}
 
 
 # ---------------------------------------------------------------- prompts
@@ -300,12 +391,24 @@ def tree_nodes(entry: Entry) -> int:
     return tree.num_nodes + (entry.drafter.lookup_depth if entry.kind == "combined" else 0)
 
 
-def load_conversations(source: str, limit: int | None, tokenizer, settings: EvalSettings):
-    """(conversations, skip reasons): prompts from humaneval / a file / a hub dataset, kept when they fit."""
+def load_conversations(source: str, limit: int | None, tokenizer, settings: EvalSettings, calibration: int = 0):
+    """(conversations, skip reasons, calibration conversations): prompts from humaneval / a file / a hub dataset,
+    kept when they fit. Calibration (what predictions and automatic trees are fitted on) takes the `calibration`
+    prompts after the evaluated ones, or the first evaluated ones when the source has no more."""
     found = collections.Counter()
-    prompts = load_source(PromptSource(source=source, limit=limit), found)[:limit]
-    conversations, skipped = [], dict(found)
-    for i, prompt in enumerate(prompts):
+    prompts = load_source(PromptSource(source=source, limit=None if limit is None else limit + calibration), found)
+    conversations, skipped = fitting(prompts[:limit], 0, tokenizer, settings)
+    for reason, count in found.items():
+        skipped[reason] = skipped.get(reason, 0) + count
+    if not conversations:
+        raise DraftheadsError(f"no prompt of '{source}' fits the target's context; use shorter prompts or lower max_new_tokens")
+    extra = fitting(prompts[limit:], limit, tokenizer, settings)[0][:calibration] if limit is not None else []
+    return conversations, skipped, extra or conversations[:calibration]
+
+
+def fitting(prompts, first_id: int, tokenizer, settings: EvalSettings) -> tuple[list[Conversation], dict]:
+    conversations, skipped = [], {}
+    for i, prompt in enumerate(prompts, start=first_id):
         conv = Conversation(i, list(prompt.turns), prompt.system)
         # Room for the first reply; later turns end the conversation early when they no longer fit.
         chat = first_chat(tokenizer, conv, settings)
@@ -314,8 +417,6 @@ def load_conversations(source: str, limit: int | None, tokenizer, settings: Eval
             skipped[reason] = skipped.get(reason, 0) + 1
             continue
         conversations.append(conv)
-    if not conversations:
-        raise DraftheadsError(f"no prompt of '{source}' fits the target's context; use shorter prompts or lower max_new_tokens")
     return conversations, skipped
 
 

@@ -147,6 +147,11 @@ def decode_settings(target, rule, temperature, top_k, top_p, max_new_tokens, eos
         raise DraftheadsError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if not (0 < epsilon < 1 and 0 < delta < 1):  # at 1 or above nothing but a certain token could be accepted
         raise DraftheadsError(f"typical_epsilon and typical_delta must be in (0, 1), got {epsilon} and {delta}")
+    # At T = 0 the warped target is a one-hot on its argmax, and strict and typical acceptance accept exactly the
+    # children greedy does and emit its argmax: run the greedy rule, which skips warping [nodes, V] and the
+    # rule's per-node work (measured: strict 0.68x and typical 0.29x of plain decoding where greedy ran 1.16x).
+    if temperature == 0:
+        rule = "greedy"
     return DecodeSettings(rule, float(temperature), int(top_k), float(top_p), int(max_new_tokens),
                     eos_ids(target, eos_token_id), float(epsilon), float(delta))
 

@@ -7,8 +7,11 @@ One result row per drafter x acceptance rule x temperature, summarised from the 
     tau        tokens emitted per verification forward, the bonus token INCLUDED (plain decoding: 1.0)
     alpha      i.i.d. acceptance estimate: accepted drafts / (accepted drafts + steps that stopped short of K)
     K          draft depth (levels of the tree); c = draft time per level / plain decode-step time
-    predicted  (1 - alpha^(K+1)) / ((1 - alpha) (K c + 1)), the chain formula (Leviathan et al. 2023, eq. 1)
+    chain      (1 - alpha^(K+1)) / ((1 - alpha) (K c + 1)), the chain formula (Leviathan et al. 2023, eq. 1),
+               which takes a verify as one decode step
     speedup    spec tokens/s / plain tokens/s, both end to end (prefill included)
+    predicted  the cost model's speedup (inference/cost_model.py), made before the run from the machine's
+               profile and the drafter's acceptance on the calibration prompts; error = predicted / speedup - 1
 
 At batch size B the rows of a batch share each step's wall time evenly, so tokens/s is the batch's
 throughput, and tau, alpha and the acceptance rates are per row. `batch_curve` gathers one drafter's
@@ -97,8 +100,8 @@ def summarise(plain: GenerationStats, spec: GenerationStats, *, depth: int) -> d
         "forwards_saved": 1 - forwards_spec / forwards_plain if forwards_plain else None,
         "tokens_per_s_plain": plain.tokens_per_s, "tokens_per_s_spec": spec.tokens_per_s,
         "speedup": _ratio(spec.tokens_per_s, plain.tokens_per_s),
-        "predicted_tau": expected_tokens(alpha, depth),
-        "predicted_speedup": chain_speedup(alpha, depth, c),
+        "chain_tau": expected_tokens(alpha, depth),
+        "chain_speedup": chain_speedup(alpha, depth, c),
     }
 
 
@@ -198,7 +201,7 @@ def _mismatch(row: dict) -> str:
 
 
 TABLE_COLUMNS = ("drafter", "rule", "T", "tree", "B", "tau", "alpha", "accept/depth", "c", "verify", "fwd saved",
-                 "tok/s plain", "tok/s spec", "speedup", "predicted", "greedy mismatch")
+                 "tok/s plain", "tok/s spec", "speedup", "predicted", "error", "error at tau", "chain", "greedy mismatch")
 
 
 def table_row(row: dict) -> list[str]:
@@ -207,7 +210,9 @@ def table_row(row: dict) -> list[str]:
             _f(row["tau"]), _f(row["alpha"]),
             rates, _f(row["c"], ".3f"), _f(row["verify_cost"], ".2f", "x"), _f(_pct(row["forwards_saved"]), ".0f", "%"),
             _f(row["tokens_per_s_plain"], ".1f"), _f(row["tokens_per_s_spec"], ".1f"), _f(row["speedup"], ".2f", "x"),
-            _f(row["predicted_speedup"], ".2f", "x"), _mismatch(row)]
+            _f(row.get("predicted_speedup"), ".2f", "x"), _f(_pct(row.get("prediction_error")), "+.0f", "%"),
+            _f(_pct(row.get("cost_model_error")), "+.0f", "%"),
+            _f(row["chain_speedup"], ".2f", "x"), _mismatch(row)]
 
 
 def _pct(x):
@@ -271,9 +276,14 @@ def format_markdown(report: dict) -> str:
         "a step with nothing drafted counts as a stop); accept/depth: P(depth d accepted | depth d-1 reached with a draft to check).",
         "- c: drafting time per step / (K x one plain decode step), K = the tree's depth; verify: verification step time / plain step time.",
         "- fwd saved: 1 - target forwards (prefills included) with drafting / without.",
-        "- tok/s: generated tokens per second end to end (prefill included); speedup = spec / plain, measured; "
-        "predicted = (1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)), the chain formula (assumes every step drafts K tokens "
-        "and a verify costs one step).",
+        "- tok/s: generated tokens per second end to end (prefill included); speedup = spec / plain, measured.",
+        "- predicted: the speedup the cost model predicted before the run, from this machine's cost profile (a verify "
+        "forward's time by node count and context, the rule's cost) and the drafter's tau, nodes and draft time on the "
+        "calibration prompts (not evaluated); error = predicted / measured - 1 (batch size 1 only); error at tau: the "
+        "same cost model given the tau and nodes per step this run measured (not its timings), the error of the costs "
+        "alone. chain = "
+        "(1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)), the chain formula, which assumes every step drafts K tokens and "
+        "a verify costs one decode step.",
         "- greedy mismatch: prompts whose output differs from plain decoding (greedy rule or T = 0; n/a when sampled). "
         "In fp32 there must be none; in bf16/fp16 a multi-token verification rounds differently from a one-token step, "
         "so near-ties can flip and outputs diverge from there on.",

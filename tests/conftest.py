@@ -16,6 +16,12 @@ def thread_count(request):
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def profile_cache(tmp_path_factory):
+    """Cost profiles (inference/profile.py) of the tests' targets go to a folder of this session, not the user's."""
+    os.environ["DRAFTHEADS_PROFILES"] = str(tmp_path_factory.mktemp("profiles"))
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return make_tokenizer("chatml")

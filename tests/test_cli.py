@@ -1,5 +1,6 @@
 """The command line: one-line errors with no traceback, non-zero exits, `recipe show`."""
 
+import json
 import subprocess
 import sys
 
@@ -102,3 +103,15 @@ def test_eval_takes_unset_flags_from_the_runs_recipe(tmp_path, monkeypatch):
     assert (from_recipe["max_new_tokens"], from_recipe["seed"], from_recipe["prompts"]) == (16, 5, "humaneval")
     assert (overridden["limit"], overridden["accept"], overridden["temperatures"], overridden["tree"]) == (7, ["greedy", "typical"], [0.0], "chain:2")
     assert (defaults["limit"], defaults["accept"], defaults["max_new_tokens"], defaults["tree"]) == (20, ["greedy"], 128, None)
+
+
+def test_profile_prints_the_verify_cost_table_and_writes_its_files(tiny_target_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DRAFTHEADS_PROFILES", str(tmp_path / "profiles"))
+    assert main(["profile", str(tiny_target_dir), "lookup", "--out", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    assert "verify forward, ms (decode steps)" in out and "| context |" in out and "prompt-lookup" in out
+    saved = json.loads((tmp_path / "p" / "profile.json").read_text())
+    assert saved["profile"]["forward_s"] and "prompt-lookup" in saved["drafters"]
+    assert (tmp_path / "p" / "profile.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["profile", str(tmp_path / "no-such-target")]) == 2
+    assert "error:" in capsys.readouterr().err

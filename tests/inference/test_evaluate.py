@@ -20,7 +20,7 @@ from draftheads.inference.evaluate import build_rows, run_eval
 from draftheads.inference.measure import Conversation, Entry, RunConfig, EvalSettings, measure, plan_configs, reply_logprob
 from draftheads.inference.report import TABLE_COLUMNS, chain_speedup, estimate_alpha, summarise
 from draftheads.inference.stats import GenerationStats
-from draftheads.core.tree import Tree
+from draftheads.core.tree import AutoTreeSpec, Tree
 from tests.fixtures import make_target, make_tokenizer
 from tests.inference.stubs import OracleDrafter, RandomDrafter
 
@@ -79,7 +79,7 @@ def test_summary_matches_hand_count():
     assert row["draft_cost"] == pytest.approx(0.3) and row["verify_cost"] == pytest.approx(1.6)
     assert (row["forwards_plain"], row["forwards_spec"]) == (10, 4) and row["forwards_saved"] == pytest.approx(0.6)
     assert row["speedup"] == pytest.approx((9 / 0.25) / (10 / 0.4))
-    assert row["predicted_speedup"] == pytest.approx(chain_speedup(5 / 7, 3, 0.1))
+    assert row["chain_speedup"] == pytest.approx(chain_speedup(5 / 7, 3, 0.1))
     assert row["accepted_hist"] == [1, 0, 1, 1]
 
 
@@ -267,11 +267,36 @@ def test_run_eval_writes_consistent_report(eagle_run, tmp_path, capsys):
         cell = dict(zip(columns, cells))
         assert (cell["drafter"], cell["rule"]) == (row["drafter"], row["rule"])
         assert cell["tau"] == f"{row['tau']:.2f}" and cell["speedup"] == f"{row['speedup']:.2f}x"
-        assert cell["predicted"] == f"{row['predicted_speedup']:.2f}x"
+        assert cell["predicted"] == f"{row['predicted_speedup']:.2f}x" and cell["chain"] == f"{row['chain_speedup']:.2f}x"
+        assert cell["error"] == f"{100 * (row['predicted_speedup'] / row['speedup'] - 1):+.0f}%"
     assert "INCLUDING the bonus token" in md
     for name in report["plots"]:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| prompt-lookup | greedy |" in capsys.readouterr().out
+
+
+def test_run_eval_predicts_every_row_before_running_it_and_fits_trees_for_speed(eagle_run, tmp_path, monkeypatch):
+    """Predictions come from the profile and calibration runs made before the measured ones (calibration: the
+    prompts after --limit, or the first ones when there are no more); `auto` fits a tree for speed."""
+    folder, prompts = eagle_run
+    order = []
+    real = measure_module.generate_conversations
+    monkeypatch.setattr(measure_module, "generate_conversations", lambda m, t, convs, *a, **kw:
+                        order.append([c.prompt_id for c in convs]) or real(m, t, convs, *a, **kw))
+    import draftheads.inference.evaluate as evaluate_module
+    monkeypatch.setattr(evaluate_module, "generate_conversations", measure_module.generate_conversations)
+    out = run_eval([str(folder)], target_model=fixture(), prompts=str(prompts), limit=1, tree="auto:6",
+                   max_new_tokens=6, out=str(tmp_path / "eval"), progress=False)
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["calibration_prompts"] == [1]          # the prompt after the evaluated one
+    for row in report["results"]:
+        assert row["predicted_speedup"] > 0 and row["prediction_error"] == pytest.approx(
+            row["predicted_speedup"] / row["speedup"] - 1)
+    learned = next(d for d in report["drafters"] if d["kind"] == "learned")
+    assert learned["auto_tree"].startswith("auto:6 -> ") and "predicted" in learned["auto_tree"]
+    assert len(learned["tree_paths"]) <= 6
+    measured = [i for i, ids in enumerate(order) if ids == [0]]
+    assert all(ids == [1] for ids in order[: measured[0]])           # everything before the measurements: calibration
 
 
 def test_run_eval_rejects_bad_settings(eagle_run, tmp_path):
@@ -301,7 +326,8 @@ def test_auto_tree_fitted_from_measured_accuracies():
     oracle = Entry("oracle", "learned", OracleDrafter(model, first), None, 0, {"tree": "auto"})
     random = random_entry(model)
     combined = Entry("random+lookup", "combined", CombinedDrafter(random.drafter), None, 0, {"tree": "auto"})
-    fit_auto_trees(model, tokenizer, [oracle, random, combined], conversations(1), settings(8), budget=4)
+    fit_auto_trees(model, tokenizer, [oracle, random, combined], conversations(1), settings(8), AutoTreeSpec(4, "tau"),
+                   None, [])
     assert oracle.tree.paths == Tree.chain(4).paths and oracle.depth == 4
     assert oracle.info["accuracy_table"][0][:2] == [1.0, 0.0]
     assert random.tree.paths == Tree.chain(1).paths and "no draft matched" in random.info["auto_tree"]
