@@ -31,17 +31,22 @@ class StepShape:
 
 
 def predict(target: TargetProfile, drafter: DrafterProfile | None, shape: StepShape, prompt_lengths: list[int],
-            new_tokens: int, rule: str, plain_rule: str = "greedy", draft_s: float | None = None) -> dict:
+            new_tokens: int, rule: str, plain_rule: str = "greedy", draft_steps: float | None = None,
+            observe_steps: float | None = None) -> dict:
     """{'plain_s', 'spec_s', 'tokens_per_s_plain', 'tokens_per_s_spec', 'speedup', 'verify_cost', 'draft_cost'}
-    for generating `new_tokens` after each prompt. draft_s: a measured draft time per step for exactly this
-    tree (else the drafter profile's fit)."""
+    for generating `new_tokens` after each prompt. Draft costs are in plain decode steps (timed beside one, so
+    they keep when the machine's speed drifts): draft_steps per step and observe_steps per prompt token for exactly
+    this drafter and tree, else the drafter profile's fit."""
     plain = spec = step_plain_sum = verify_sum = draft_sum = 0.0
     for length in prompt_lengths:
         context = length + new_tokens / 2
         step_plain = target.decode_step(context) + target.rule(plain_rule, 1)
         verify = target.forward(shape.nodes, context) + target.rule(rule, shape.nodes)
-        draft = draft_s if draft_s is not None else (drafter.step(shape.depth, shape.nodes) if drafter else 0.0)
-        observe = drafter.observe_s * length if drafter else 0.0
+        if draft_steps is None and drafter is not None:
+            draft_steps = drafter.step_in_decode_steps(shape.depth, shape.nodes)
+            observe_steps = drafter.observe_s / drafter.plain_step_s
+        draft = (draft_steps or 0.0) * step_plain
+        observe = (observe_steps or 0.0) * step_plain * length
         prefill = target.prefill(length)
         plain += prefill + new_tokens * step_plain
         spec += prefill + observe + new_tokens / max(shape.tau, 1e-9) * (verify + draft)

@@ -256,7 +256,7 @@ def entry_info(entry: Entry) -> dict:
 
 # ---------------------------------------------------------------- automatic trees
 
-COMB_WIDTH, COMB_DEPTH, CALIBRATION_PROMPTS, LOOKUP_DEPTH = 8, 6, 6, 6
+COMB_WIDTH, COMB_DEPTH, CALIBRATION_PROMPTS, LOOKUP_DEPTH, UNIT_TOKENS = 8, 6, 6, 6, 32
 
 
 def comb_tree(width: int, depth: int) -> Tree:
@@ -323,14 +323,15 @@ class Forecast:
     profile: object
     setting: str
     plain_setting: str
-    draft_s: float
+    draft_steps: float      # draft time per step / plain decode step, both timed on the calibration prompts
+    observe_steps: float    # reading a prompt, per token, in the same unit
     lengths: list[int]
     new_tokens: int
     calibrated: StepShape
 
     def speedup(self, shape: StepShape) -> dict:
         return predict(self.profile, None, shape, self.lengths, self.new_tokens, self.setting, self.plain_setting,
-                       draft_s=self.draft_s)
+                       draft_steps=self.draft_steps, observe_steps=self.observe_steps)
 
 
 def predict_entries(model, tokenizer, entries: list[Entry], configs: list[RunConfig], calibration,
@@ -343,12 +344,17 @@ def predict_entries(model, tokenizer, entries: list[Entry], configs: list[RunCon
         setting = rule_setting(cfg.rule, cfg.temperature, settings.top_k, settings.top_p)
         plain_setting = rule_setting("strict" if cfg.sampled else "greedy", cfg.temperature, settings.top_k, settings.top_p)
         for entry in entries:
-            runs = generate_conversations(model, tokenizer, calibration, entry, cfg, settings)
-            stats = GenerationStats.merged(r.stats for r in runs)
-            if stats.steps:
+            # a few plain decode steps right before each drafter's runs: their time is the unit of its draft costs
+            plain = generate_conversations(model, tokenizer, calibration[:1], None, RunConfig(
+                "greedy" if not cfg.sampled else "strict", cfg.plain_key), settings, max_new_tokens=UNIT_TOKENS)[0].stats
+            stats = GenerationStats.merged(r.stats for r in generate_conversations(model, tokenizer, calibration, entry,
+                                                                                   cfg, settings))
+            if stats.steps and plain.steps:
+                step = plain.decode_s / plain.steps
                 shape = StepShape(stats.tau, sum(stats.step_nodes) / stats.steps, entry.depth)
                 out[(entry.name, cfg.rule, cfg.temperature)] = Forecast(
-                    profile, setting, plain_setting, stats.mean_draft_s, lengths,
+                    profile, setting, plain_setting, stats.mean_draft_s / step,
+                    stats.draft_prefill_s / max(1, stats.prompt_tokens) / step, lengths,
                     round(stats.new_tokens / max(1, len(calibration))), shape)
     return out
 

@@ -41,7 +41,7 @@ def test_target_profile_reads_a_grid_by_queries_and_context():
 def test_prediction_matches_a_hand_computation():
     """plain 2 prompts x (prefill 0.01 + 10 x 0.01); spec: tau 2, 5 nodes (0.01 + 4 x 0.002), draft 0.004."""
     target = synthetic(per_token=0.002)
-    figures = predict(target, None, StepShape(2.0, 5, 2), [1, 1], 10, "greedy", draft_s=0.004)
+    figures = predict(target, None, StepShape(2.0, 5, 2), [1, 1], 10, "greedy", draft_steps=0.4)
     plain, spec = 2 * (0.01 + 10 * 0.01), 2 * (0.01 + 5 * (0.018 + 0.004))
     assert figures["speedup"] == pytest.approx(plain / spec)
     assert figures["verify_cost"] == pytest.approx(1.8) and figures["draft_cost"] == pytest.approx(0.4)
@@ -49,7 +49,7 @@ def test_prediction_matches_a_hand_computation():
 
 def test_the_fastest_tree_shrinks_when_verifying_gets_dearer():
     table = [[0.7, 0.15, 0.05], [0.6, 0.1], [0.5, 0.1], [0.4]]
-    drafter = DrafterProfile({}, 0.0, 0.001, 0.0, 0.0)
+    drafter = DrafterProfile({}, 0.0, 0.001, 0.0, 0.0, plain_step_s=0.01)
     free, _ = fastest_tree(synthetic(per_token=0.0), drafter, table, [64], 128, max_budget=16)
     dear, figures = fastest_tree(synthetic(per_token=0.004), drafter, table, [64], 128, max_budget=16)
     assert free.num_nodes == 17 and dear.paths == Tree.chain(1).paths     # all 16 nodes when they cost nothing
@@ -102,3 +102,8 @@ def test_a_drafter_profile_fits_its_probe_steps(monkeypatch, tmp_path):
     again = drafter_profile(model, drafter, prompt=torch.tensor([2, 5, 7, 3, 9]), name="random", key={"d": 1},
                             new_tokens=6, progress=lambda _: None)
     assert again == costs    # read back from the cache
+
+
+def test_a_profile_row_is_made_monotone_in_the_tokens():
+    """A cell slowed by another process (the 4-token one here) is lowered to the next larger one's time."""
+    assert profile_module.monotone([0.05, 0.06, 0.078, 0.052, None, 0.09]) == [0.05, 0.052, 0.052, 0.052, None, 0.09]
