@@ -37,14 +37,14 @@ def predict(target: TargetProfile, drafter: DrafterProfile | None, shape: StepSh
     for generating `new_tokens` after each prompt. Draft costs are in plain decode steps (timed beside one, so
     they keep when the machine's speed drifts): draft_steps per step and observe_steps per prompt token for exactly
     this drafter and tree, else the drafter profile's fit."""
+    if draft_steps is None and drafter is not None:
+        draft_steps = drafter.step_in_decode_steps(shape.depth, shape.nodes)
+        observe_steps = drafter.observe_s / drafter.plain_step_s
     plain = spec = step_plain_sum = verify_sum = draft_sum = 0.0
     for length in prompt_lengths:
         context = length + new_tokens / 2
         step_plain = target.decode_step(context) + target.rule(plain_rule, 1)
         verify = target.forward(shape.nodes, context) + target.rule(rule, shape.nodes)
-        if draft_steps is None and drafter is not None:
-            draft_steps = drafter.step_in_decode_steps(shape.depth, shape.nodes)
-            observe_steps = drafter.observe_s / drafter.plain_step_s
         draft = (draft_steps or 0.0) * step_plain
         observe = (observe_steps or 0.0) * step_plain * length
         prefill = target.prefill(length)

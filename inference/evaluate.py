@@ -25,7 +25,6 @@ from draftheads.core.config import build, to_dict
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.run_folder import RECIPE_FILE
 from draftheads.core.tree import AutoTreeSpec, DynamicTreeSpec, Tree, parse_tree
-from draftheads.heads.common import text_config
 from draftheads.inference.accept import check_rule
 from draftheads.inference.auto_tree import auto_tree, expected_accepted
 from draftheads.inference.combined import CombinedDrafter
@@ -35,7 +34,7 @@ from draftheads.inference.lookup import PromptLookupDrafter
 from draftheads.inference.measure import (Conversation, Entry, EvalSettings, Measurements, RunConfig, first_chat,
                                           generate_conversations, measure, plan_configs)
 from draftheads.inference.plots import write_plots
-from draftheads.inference.profile import drafter_profile, folder_fingerprint, rule_setting, target_profile
+from draftheads.inference.profile import context_limit, drafter_profile, folder_fingerprint, rule_setting, target_profile
 from draftheads.inference.report import (batch_curve, describe_tree, environment, format_batch_table, format_table, now,
                                          summarise, write_report)
 from draftheads.inference.stats import GenerationStats
@@ -381,8 +380,7 @@ def prediction_columns(forecast: Forecast | None, row: dict) -> dict:
 
 def eval_settings(model, tokenizer, entries, max_new_tokens, seed, top_k, top_p, epsilon, delta, extra_nodes=1) -> EvalSettings:
     """Room for the longest conversation: the target's context minus the replies and the biggest draft tree."""
-    text = text_config(model.config)
-    context = getattr(text, "max_position_embeddings", None) or 1 << 20
+    context = context_limit(model)
     nodes = max([tree_nodes(e) for e in entries] + [extra_nodes])
     max_length = context - nodes - 1
     if max_length <= max_new_tokens + 1:

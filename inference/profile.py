@@ -22,7 +22,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -147,24 +147,23 @@ def load(path: Path) -> dict | None:
         return None   # absent or unreadable: measured again
 
 
+def _times(run, device, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        t0 = clock(device)
+        run()
+        times.append(clock(device) - t0)
+    return times
+
+
 def _fastest_time(run, device, repeats: int) -> float:
     """The fastest of `repeats` runs: another process on a shared machine only ever adds time, in bursts that a
     median of a few runs still catches (a 4-token verify measured at 78 ms between 60 and 52 ms ones)."""
-    times = []
-    for _ in range(repeats):
-        t0 = clock(device)
-        run()
-        times.append(clock(device) - t0)
-    return min(times)
+    return min(_times(run, device, repeats))
 
 
 def _median_time(run, device, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = clock(device)
-        run()
-        times.append(clock(device) - t0)
-    return statistics.median(times)
+    return statistics.median(_times(run, device, repeats))
 
 
 def star(n: int) -> Tree:
@@ -173,6 +172,7 @@ def star(n: int) -> Tree:
 
 
 def context_limit(model) -> int:
+    """The target's context length in tokens (unbounded when its config names none)."""
     text = model.config.get_text_config(decoder=True)
     return int(getattr(text, "max_position_embeddings", None) or 1 << 20)
 
