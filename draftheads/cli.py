@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("drafters", nargs="*", help="drafter or run folders")
     p.add_argument("--target", default=None, help="target spec (default: the drafter's target)")
     # unset flags take the eval: section of the recipe that trained the first drafter, else its defaults
-    p.add_argument("--prompts", default=None, help="humaneval, a local file, or a hub dataset (default: humaneval)")
+    p.add_argument("--prompts", default=None, help="humaneval, tasks (8 task kinds x 10, multi-turn and long passages), a local file, or a hub dataset (default: humaneval)")
     p.add_argument("--limit", type=int, default=None, help="at most this many prompts (default: 20)")
     p.add_argument("--accept", default=None, help="comma-separated: greedy,strict,typical (default: greedy)")
     p.add_argument("--temperature", default=None, help="comma-separated temperatures (default: 0)")
@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plain-above", type=int, default=None, help="decode plainly while more than this many rows are generating")
     p.add_argument("--refresh-profile", action="store_true",
                    help="time the target on this machine again instead of reading the cached cost profile")
+    p.add_argument("--tau-from", default=None, metavar="REPORT",
+                   help="predict from the tau an earlier eval measured (its folder or report.json) where it ran the same "
+                        "drafter, tree and rule, instead of from the calibration prompts")
     p.set_defaults(handler=cmd_eval)
 
     p = sub.add_parser("profile", help="time the target's verify forwards and the drafters' costs on this machine")
@@ -161,7 +164,7 @@ def cmd_eval(args) -> int:
         max_new_tokens=_given(args.max_new_tokens, recipe.max_new_tokens), dtype=args.dtype, out=args.out,
         combined=args.combined, seed=recipe.seed, typical_epsilon=recipe.typical_epsilon, typical_delta=recipe.typical_delta,
         batch_sizes=batch_sizes, plain_above=_given(args.plain_above, recipe.plain_above),
-        refresh_profile=args.refresh_profile,
+        refresh_profile=args.refresh_profile, tau_from=args.tau_from,
     )
     return 0
 

@@ -13,7 +13,7 @@ from draftheads.inference.accept import check_rule
 class EvalConfig:
     """Acceptance evaluation (`draftheads eval`)."""
 
-    prompts: str = doc("humaneval", "'humaneval', a local file, or a hub dataset")
+    prompts: str = doc("humaneval", "'humaneval', 'tasks' (the bundled set of 8 task kinds), a local file, or a hub dataset")
     limit: int | None = doc(20, "evaluate on at most this many prompts")
     accept: list[str] = doc(["greedy"], "acceptance rules: greedy, strict, typical")
     temperatures: list[float] = doc([0.0], "sampling temperatures")

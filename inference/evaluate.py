@@ -37,6 +37,7 @@ from draftheads.inference.plots import write_plots
 from draftheads.inference.profile import context_limit, drafter_profile, folder_fingerprint, rule_setting, target_profile
 from draftheads.inference.report import (batch_curve, describe_tree, environment, format_batch_table, format_table, now,
                                          summarise, write_report)
+from draftheads.inference.earlier_report import EarlierReport, read_earlier
 from draftheads.inference.stats import GenerationStats
 from draftheads.interop.load import load_drafter
 from draftheads.interop.native import read_config, resolve_drafter_folder, target_summary
@@ -53,7 +54,7 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
              max_new_tokens: int = 128, dtype: str = "auto", out: str | None = None, target_model=None,
              combined: bool = False, seed: int = 0, top_k: int = 0, top_p: float = 1.0, typical_epsilon: float = 0.09,
              typical_delta: float = 0.3, batch_sizes: list[int] = (1,), plain_above: int | None = None,
-             refresh_profile: bool = False, progress: bool = True) -> Path:
+             refresh_profile: bool = False, tau_from: str | None = None, progress: bool = True) -> Path:
     """Measure every drafter x rule x temperature on the prompts; write and print the report; return its folder.
 
     batch_sizes: decode the prompts in batches of each of these sizes (interleaved); more than batch size 1
@@ -61,10 +62,13 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
     plain_above: decode plainly while more than this many rows of a batch are generating.
     target_model: (model, tokenizer) to use instead of loading `target` (tests, the demo).
     refresh_profile: time the target again instead of reading this machine's cached cost profile.
+    tau_from: an earlier evaluation's report; its tau and nodes per step (never its timings) feed the predictions of
+    the rows it measured with the same drafter, tree, rule and temperature, instead of the calibration prompts'.
     """
     check_settings(accept, temperatures, max_new_tokens, limit)
     batch_sizes = check_batch_settings(batch_sizes, plain_above)
     check_report_folder(out)  # before minutes of work, not after
+    earlier = read_earlier(tau_from) if tau_from else None
     requested = parse_tree(tree)
     budget = requested.budget if isinstance(requested, AutoTreeSpec) else None
     model, tokenizer, target_info = load_eval_target(target, dtype, drafters, target_model)
@@ -78,7 +82,7 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
     lengths = [len(first_chat(tokenizer, c, settings).input_ids) for c in conversations]
     if budget:
         fit_auto_trees(model, tokenizer, entries, calibration, settings, requested, profile, lengths)
-    predictions = predict_entries(model, tokenizer, entries, configs, calibration, settings, profile, lengths)
+    predictions = predict_entries(model, tokenizer, entries, configs, calibration, settings, profile, lengths, earlier)
     print(f"draftheads eval: {len(conversations)} prompts from {prompts}, {len(entries)} drafters "
           f"({', '.join(e.name for e in entries)}), {len(configs)} rule/temperature settings, target {target_info['name']} "
           f"in {target_info['dtype']}", flush=True)
@@ -96,6 +100,7 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
             "top_k": top_k, "top_p": top_p, "combined": combined, "typical_epsilon": typical_epsilon,
             "typical_delta": typical_delta, "stop_ids": settings.stop_ids, "batch_sizes": batch_sizes,
             "plain_above": plain_above, "calibration_prompts": [c.prompt_id for c in calibration],
+            "tau_from": str(earlier.path) if earlier else None,
         },
         "cost_profile": {"key": profile.key, "created": profile.created},
         **results_section(found, entries, conversations, skipped, rows),
@@ -326,7 +331,8 @@ class Forecast:
     observe_steps: float    # reading a prompt, per token, in the same unit
     lengths: list[int]
     new_tokens: int
-    calibrated: StepShape
+    calibrated: StepShape   # the acceptance the prediction is made from
+    source: str             # where that acceptance was measured
 
     def speedup(self, shape: StepShape) -> dict:
         return predict(self.profile, None, shape, self.lengths, self.new_tokens, self.setting, self.plain_setting,
@@ -334,9 +340,10 @@ class Forecast:
 
 
 def predict_entries(model, tokenizer, entries: list[Entry], configs: list[RunConfig], calibration,
-                    settings: EvalSettings, profile, lengths: list[int]) -> dict:
+                    settings: EvalSettings, profile, lengths: list[int], earlier: EarlierReport | None = None) -> dict:
     """(drafter, rule, temperature) -> its Forecast, made before the evaluated prompts run: tau, nodes and draft time
-    per step from the same drafter, tree and rule on the calibration prompts; verify and rule costs from the
+    per step from the same drafter, tree and rule on the calibration prompts (tau and nodes from `earlier`, an earlier
+    evaluation, where it measured the same drafter, tree, rule and temperature); verify and rule costs from the
     machine's profile."""
     out = {}
     for cfg in configs:
@@ -350,11 +357,17 @@ def predict_entries(model, tokenizer, entries: list[Entry], configs: list[RunCon
                                                                                    cfg, settings))
             if stats.steps and plain.steps:
                 step = plain.decode_s / plain.steps
-                shape = StepShape(stats.tau, sum(stats.step_nodes) / stats.steps, entry.depth)
+                shape, source = StepShape(stats.tau, sum(stats.step_nodes) / stats.steps, entry.depth), "calibration"
+                measured = earlier.shape(entry.name, cfg.rule, cfg.temperature, entry.info["tree"], entry.depth) if earlier else None
+                if measured:
+                    shape, source = measured, "earlier evaluation"
+                elif earlier:
+                    print(f"draftheads eval: {entry.name} {cfg.rule} T={cfg.temperature:g}: {earlier.describe()} has no row "
+                          f"with tree {entry.info['tree']}; predicting from the calibration prompts", flush=True)
                 out[(entry.name, cfg.rule, cfg.temperature)] = Forecast(
                     profile, setting, plain_setting, stats.mean_draft_s / step,
                     stats.draft_prefill_s / max(1, stats.prompt_tokens) / step, lengths,
-                    round(stats.new_tokens / max(1, len(calibration))), shape)
+                    round(stats.new_tokens / max(1, len(calibration))), shape, source)
     return out
 
 
@@ -362,14 +375,14 @@ def prediction_columns(forecast: Forecast | None, row: dict) -> dict:
     """The row's predicted figures and their errors against what was measured: `predicted_*` from the calibration
     prompts' acceptance (made before the run); `cost_model_*` the same cost model given the acceptance this run
     measured (tau and nodes per step, not its timings), which isolates the error of the costs from that of tau."""
-    none = {"predicted_speedup": None, "prediction_error": None, "predicted_tau": None, "cost_model_speedup": None,
+    none = {"predicted_speedup": None, "prediction_error": None, "predicted_tau": None, "predicted_from": None, "cost_model_speedup": None,
             "cost_model_error": None}
     if forecast is None or row.get("batch_size", 1) != 1:   # the profile times one sequence
         return none
     before = forecast.speedup(forecast.calibrated)
     given = forecast.speedup(StepShape(row["tau"], row["mean_nodes"], forecast.calibrated.depth))
     measured = row.get("speedup")
-    return {"predicted_speedup": before["speedup"], "predicted_tau": before["tau"],
+    return {"predicted_speedup": before["speedup"], "predicted_tau": before["tau"], "predicted_from": forecast.source,
             "predicted_verify_cost": before["verify_cost"], "predicted_draft_cost": before["draft_cost"],
             "prediction_error": before["speedup"] / measured - 1 if measured else None,
             "cost_model_speedup": given["speedup"], "cost_model_error": given["speedup"] / measured - 1 if measured else None}

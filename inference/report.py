@@ -166,6 +166,15 @@ def _cpu_model() -> str:
 # ---------------------------------------------------------------- files
 
 
+def prediction_sources(report: dict) -> list[str]:
+    """A note naming where the predictions' acceptance came from, when an earlier evaluation supplied some."""
+    earlier = [r["drafter"] + " " + r["rule"] for r in report["results"] if r.get("predicted_from") == "earlier evaluation"]
+    if not earlier:
+        return []
+    return [f"- predicted from an earlier evaluation's tau and nodes per step ({report['settings'].get('tau_from')}, "
+            f"not its timings): {', '.join(earlier)}; every other row from the calibration prompts."]
+
+
 def write_report(folder: Path, report: dict) -> Path:
     """report.json (everything) and report.md (the tables) into `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -284,6 +293,7 @@ def format_markdown(report: dict) -> str:
         "alone. chain = "
         "(1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)), the chain formula, which assumes every step drafts K tokens and "
         "a verify costs one decode step.",
+        *prediction_sources(report),
         "- greedy mismatch: prompts whose output differs from plain decoding (greedy rule or T = 0; n/a when sampled). "
         "In fp32 there must be none; in bf16/fp16 a multi-token verification rounds differently from a one-token step, "
         "so near-ties can flip and outputs diverge from there on.",

@@ -37,13 +37,14 @@ class Prompt:
     system: str | None = None
     source: str = ""
     row: int = 0
+    kind: str = ""   # the task kind, for prompt sets that have them ('tasks')
 
 
 @dataclass
 class PromptSource:
     """One source of prompts for data generation."""
 
-    source: str = doc("self", "'self' (the target writes prompts), 'humaneval', a hub dataset, or a local json/jsonl/parquet/csv file")
+    source: str = doc("self", "'self' (the target writes prompts), 'humaneval', 'tasks' (evaluation only), a hub dataset, or a local json/jsonl/parquet/csv file")
     weight: float = doc(1.0, "relative share of the prompts drawn from this source")
     split: str = doc("train", "dataset split")
     subset: str | None = doc(None, "dataset configuration name")
@@ -214,11 +215,24 @@ def humaneval_prompts(limit: int | None = None) -> list[Prompt]:
     return [Prompt([HUMANEVAL_INSTRUCTION.format(prompt=p["prompt"])], source="humaneval", row=i) for i, p in enumerate(problems)]
 
 
+TASKS_FILE = Path(__file__).parent / "prompt_sets" / "tasks.jsonl"
+
+
+def task_prompts(limit: int | None = None) -> list[Prompt]:
+    """The bundled evaluation set of 8 task kinds x 10 prompts (multi-turn, writing, reasoning, math, coding,
+    translation, summarization of a passage, answering from several documents), written for draftheads and never
+    trained on. The rows cycle through the kinds, so the first 8 n prompts hold n of each kind."""
+    rows = [json.loads(line) for line in TASKS_FILE.read_text().splitlines() if line.strip()][:limit]
+    return [Prompt(list(r["turns"]), source="tasks", row=i, kind=r["kind"]) for i, r in enumerate(rows)]
+
+
 def load_source(src, skipped: collections.Counter | None = None) -> list[Prompt]:
     """All prompts of one non-'self' source, in source order."""
     skipped = collections.Counter() if skipped is None else skipped
     if src.source == "humaneval":
         return humaneval_prompts(src.limit)
+    if src.source == "tasks":
+        return task_prompts(src.limit)
     return load_table_source(src, skipped)
 
 
@@ -343,6 +357,9 @@ def collect_prompts(data, write: Writer | None = None, have: list[Prompt] = ()) 
     salt = 7919 * len(have)  # 0 for a first collection: its seeds stay what they always were
     pools = {}
     for i, src in enumerate(data.prompts):
+        if src.source == "tasks":   # an evaluation set trained on would make its figures meaningless
+            raise DraftheadsError("data.prompts: 'tasks' is the bundled evaluation set and is never trained on; "
+                                  "use 'self', 'humaneval', a hub dataset or a local file")
         if src.source != "self":
             pool = load_source(src, skipped)
             random.Random(f"{data.seed}:{i}").shuffle(pool)

@@ -299,6 +299,29 @@ def test_run_eval_predicts_every_row_before_running_it_and_fits_trees_for_speed(
     assert all(ids == [1] for ids in order[: measured[0]])           # everything before the measurements: calibration
 
 
+def test_tau_from_an_earlier_report_feeds_the_prediction_of_matching_rows(eagle_run, tmp_path, capsys):
+    """The earlier report's tau and nodes per step (not its timings) replace the calibration prompts' for rows with the
+    same drafter, tree, rule and temperature; the other rows keep the calibration prompts' and say so."""
+    folder, prompts = eagle_run
+    common = dict(target_model=fixture(), prompts=str(prompts), max_new_tokens=6, progress=False)
+    first = run_eval([str(folder)], tree="chain:2", out=str(tmp_path / "first"), **common)
+    earlier = json.loads((first / "report.json").read_text())["results"]
+    second = run_eval([str(folder)], tree="chain:2", accept=["greedy", "strict"], temperatures=[1.0],
+                      out=str(tmp_path / "second"), tau_from=str(first), **common)
+    report = json.loads((second / "report.json").read_text())
+    assert report["settings"]["tau_from"] == str(first)
+    by_key = {(r["drafter"], r["rule"]): r for r in report["results"]}
+    for old in earlier:
+        row = by_key[(old["drafter"], "greedy")]
+        assert row["predicted_from"] == "earlier evaluation" and row["predicted_tau"] == pytest.approx(old["tau"])
+    assert all(r["predicted_from"] == "calibration" for r in report["results"] if r["rule"] == "strict")
+    assert "has no row with tree" in capsys.readouterr().out
+    assert "predicted from an earlier evaluation" in (second / "report.md").read_text()
+    with pytest.raises(DraftheadsError, match="not a draftheads eval report"):
+        (tmp_path / "bad.json").write_text("{}")
+        run_eval([str(folder)], out=str(tmp_path / "third"), tau_from=str(tmp_path / "bad.json"), **common)
+
+
 def test_run_eval_rejects_bad_settings(eagle_run, tmp_path):
     from draftheads.api import build_drafter
     from draftheads.interop.native import save_drafter
