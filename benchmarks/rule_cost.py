@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/rule_cost.py
 
 Prints milliseconds per step (median of 30) for greedy, strict warping every node first (how the loop ran
-before), strict warping only the nodes its walk reaches (how it runs now), and typical, at T = 0.7 with and
-without top-p 0.9. Run it with nothing else heavy on the machine.
+before), strict warping only the nodes its walk reaches (how it runs now), and typical, at T = 0.7 and 1.0, with
+and without top-p 0.9. Run it with nothing else heavy on the machine.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ def main() -> None:
     tokens = torch.randint(VOCAB, (1, tree.num_nodes))
     q = torch.softmax(torch.randn(1, tree.num_nodes, VOCAB), -1)
     generator = torch.Generator().manual_seed(0)
-    for top_p in (1.0, 0.9):
-        def warp(x, top_p=top_p):
-            return warp_probs(x, 0.7, 0, top_p)
+    for temperature, top_p in ((0.7, 1.0), (0.7, 0.9), (1.0, 1.0), (1.0, 0.9)):
+        def warp(x, temperature=temperature, top_p=top_p):
+            return warp_probs(x, temperature, 0, top_p)
 
         figures = {
             "greedy": median_ms(lambda: accept("greedy", tree, tokens, logits)),
@@ -48,7 +48,7 @@ def main() -> None:
             "strict, warping the walked nodes": median_ms(lambda: accept("strict", tree, tokens, logits, q, generator, warp=warp)),
             "typical": median_ms(lambda: accept("typical", tree, tokens, logits, None, generator, warp=warp)),
         }
-        print(f"T=0.7 top_p={top_p}: " + " | ".join(f"{name} {ms:.2f} ms" for name, ms in figures.items()), flush=True)
+        print(f"T={temperature} top_p={top_p}: " + " | ".join(f"{name} {ms:.2f} ms" for name, ms in figures.items()), flush=True)
 
 
 if __name__ == "__main__":

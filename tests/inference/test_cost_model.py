@@ -38,6 +38,18 @@ def test_target_profile_reads_a_grid_by_queries_and_context():
     assert profile.prefill(10) == 2.0 and profile.rule("strict T=1 k=0 p=1", 4) == 0.0   # unmeasured rule: no cost
 
 
+def test_a_noisy_row_on_a_cache_is_read_through_its_line():
+    """One lucky fast cell at 1 token must not make every verify look dear: on a cache, up to 64 tokens, the row's
+    least-squares line is read; prefills (context 0) and bigger forwards keep the cells."""
+    queries = [1, 2, 4, 8, 16, 32, 64, 128]
+    line = [0.08 + 0.0008 * (q - 1) for q in queries]
+    noisy = list(line)
+    noisy[0] -= 0.012                                   # the fastest of a few runs at 1 token was lucky
+    profile = TargetProfile({}, [0, 1024], queries, [noisy, noisy])
+    assert profile.forward(11, 1024) / profile.decode_step(1024) == pytest.approx(1.1, abs=0.02)
+    assert profile.prefill(1) == pytest.approx(noisy[0]) and profile.forward(128, 1024) == pytest.approx(noisy[-1])
+
+
 def test_prediction_matches_a_hand_computation():
     """plain 2 prompts x (prefill 0.01 + 10 x 0.01); spec: tau 2, 5 nodes (0.01 + 4 x 0.002), draft 0.004."""
     target = synthetic(per_token=0.002)
