@@ -45,6 +45,8 @@ class DataConfig:
     output: str | None = doc(None, "dataset folder (default data/<name>)")
     num_prompts: int = doc(400, "total prompts to answer")
     system_prompt: str | None = doc(None, "system prompt for every conversation")
+    chat_template_kwargs: dict = doc({}, "variables for the chat template, e.g. {enable_thinking: false} (Qwen3); the same "
+                                         "in data generation and in `draftheads eval` of drafters trained on this data")
     max_new_tokens: int = doc(256, "longest response per turn")
     max_length: int = doc(1024, "longest prompt+response in tokens")
     truncate: bool = doc(False, "truncate prompts longer than max_length instead of skipping them")
@@ -145,7 +147,7 @@ def run_data(recipe, *, overwrite: bool = False, dry_run: bool = False, target=N
 def make_backend(recipe, target, procs: Processes):
     """(backend, tokenizer): the local target, or the OpenAI-compatible server with the target's tokenizer."""
     if recipe.data.backend == "openai":
-        tokenizer = target[1] if target is not None else load_tokenizer(recipe.target)
+        tokenizer = target[1] if target is not None else load_tokenizer(recipe.target, recipe.data.chat_template_kwargs)
         return OpenAIBackend(tokenizer, recipe.data, model=recipe.data.openai_model or recipe.target.name), tokenizer
     if target is None:
         t = recipe.target
@@ -155,7 +157,7 @@ def make_backend(recipe, target, procs: Processes):
         target = load_target(t.name, dtype=t.dtype, device=device, revision=t.revision, trust_remote_code=t.trust_remote_code,
                              chat_template=t.chat_template, attn_implementation=t.attn_implementation)
     model, tokenizer = target
-    attach_chat_template(tokenizer, recipe.target.chat_template, recipe.target.name)
+    attach_chat_template(tokenizer, recipe.target.chat_template, recipe.target.name, recipe.data.chat_template_kwargs)
     return LocalBackend(model, tokenizer, recipe.data), tokenizer
 
 
