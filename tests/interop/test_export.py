@@ -618,9 +618,10 @@ def test_export_dtype_casts_the_weights_and_says_so(dtype, torch_dtype, targets,
         assert tensor.dtype == DTYPES.get(key, torch_dtype), key
     config = json.loads((out / "config.json").read_text())
     assert config["torch_dtype"] == str(torch_dtype).removeprefix("torch.")
+    loaded = load_drafter(out, targets["qwen3"]).state_dict()
     for key, value in drafter.state_dict().items():
         if value.is_floating_point():
-            assert torch.equal(load_drafter(out, targets["qwen3"]).state_dict()[key], value.to(torch_dtype).float()), key
+            assert torch.equal(loaded[key], value.to(torch_dtype).float()), key
     native_out = export_drafter(native, "native", tmp_path / "native", dtype=dtype)
     assert {t.dtype for t in load_file(str(native_out / "model.safetensors")).values() if t.is_floating_point()} == {torch_dtype}
     with pytest.raises(DraftheadsError, match="unknown export dtype 'int8'; use one of bf16, fp16, fp32"):
