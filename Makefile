@@ -5,25 +5,36 @@ BIN    := $(VENV)/bin
 # torch 2.13.0 is pinned for the self-contained venv: on CPU-only machines of this project it is the CPU build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test test-fast venv clean
+.PHONY: demo test test-fast venv speculators-venv clean
 
 venv: $(VENV)/.installed
+
+# A second environment with the speculators package, whose loader checks every EAGLE-3 export in the tests. It pins
+# its own transformers and torch (CPU wheels here), so it cannot share .venv; nothing of draftheads is installed in it.
+SPECULATORS_VENV := .venv-speculators
+speculators-venv: $(SPECULATORS_VENV)/.installed
+
+$(SPECULATORS_VENV)/.installed: Makefile
+	$(PYTHON) -m venv $(SPECULATORS_VENV)
+	$(SPECULATORS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(SPECULATORS_VENV)/bin/python -m pip install --quiet "speculators==0.9.0" "transformers==5.19.0"
+	touch $@
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,wandb]'
 	touch $@
 
 demo: venv
 	$(BIN)/draftheads demo
 
-test: venv
+test: venv speculators-venv
 	$(BIN)/python -m pytest -q
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow"
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) $(SPECULATORS_VENV) build dist *.egg-info

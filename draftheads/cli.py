@@ -21,8 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     # overrides may follow options (`data RECIPE --dry-run train.lr=1`): argparse leaves those unparsed
     if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
         args.overrides = [*args.overrides, *extra]
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    elif extra:   # the sub-command's own usage, not the top-level one
+        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
@@ -46,11 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     _recipe_args(p)
     p.add_argument("--overwrite", action="store_true", help="start again, discarding existing data")
     p.add_argument("--dry-run", action="store_true", help="print 3 rendered examples with the loss mask visible")
-    p.set_defaults(handler=cmd_data)
+    p.set_defaults(handler=cmd_data, parser=p)
 
     p = sub.add_parser("train", help="train a drafter (same as: accelerate launch -m draftheads.train RECIPE)")
     _recipe_args(p)
-    p.set_defaults(handler=cmd_train)
+    p.set_defaults(handler=cmd_train, parser=p)
 
     p = sub.add_parser("eval", help="measure acceptance and speedup of drafters")
     p.add_argument("drafters", nargs="*", help="drafter or run folders")
@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tau-from", default=None, metavar="REPORT",
                    help="predict from the tau an earlier eval measured (its folder or report.json) where it ran the same "
                         "drafter, tree and rule, instead of from the calibration prompts")
-    p.set_defaults(handler=cmd_eval)
+    p.set_defaults(handler=cmd_eval, parser=p)
 
     p = sub.add_parser("profile", help="time the target's verify forwards and the drafters' costs on this machine")
     p.add_argument("target", help="target spec, e.g. smollm2-135m or a Hugging Face id or folder")
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     p.add_argument("--refresh", action="store_true", help="measure again instead of reading the cached profile")
     p.add_argument("--out", default=None, help="folder for profile.json and profile.png (default: runs/profile-TIME)")
-    p.set_defaults(handler=cmd_profile)
+    p.set_defaults(handler=cmd_profile, parser=p)
 
     p = sub.add_parser("export", help="export a drafter for a serving engine")
     p.add_argument("source", help="run folder or drafter folder")
@@ -89,26 +89,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--target", default=None, help="target folder or spec, for formats that need its config")
     p.add_argument("--overwrite", action="store_true", help="replace a previous export of the same format in --out")
-    p.set_defaults(handler=cmd_export)
+    p.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp32"],
+                   help="cast the weights (default: as saved, fp32 master weights)")
+    p.add_argument("--speculative-tokens", type=int, default=None,
+                   help="draft length written where the engine's config takes one (default: the length it was trained for)")
+    p.set_defaults(handler=cmd_export, parser=p)
 
     p = sub.add_parser("demo", help="data, training and evaluation end to end on the embedded target")
     p.add_argument("--out", default="runs/demo", help="where the demo leaves its artefacts")
     p.add_argument("--heads", default="eagle", help="drafters to train: comma-separated eagle,medusa,mtp")
-    p.set_defaults(handler=cmd_demo)
+    p.set_defaults(handler=cmd_demo, parser=p)
 
     p = sub.add_parser("recipe", help="list or show recipes")
     rsub = p.add_subparsers(title="actions", metavar="ACTION")
     show = rsub.add_parser("show", help="print the fully resolved recipe, with values derived from the target")
     _recipe_args(show)
     show.add_argument("--no-target", action="store_true", help="do not read the target's config (no derived values)")
-    show.set_defaults(handler=cmd_recipe_show)
-    rsub.add_parser("list", help="list the bundled recipes").set_defaults(handler=cmd_recipe_list)
+    show.set_defaults(handler=cmd_recipe_show, parser=show)
+    listing = rsub.add_parser("list", help="list the bundled recipes")
+    listing.set_defaults(handler=cmd_recipe_list, parser=listing)
     return parser
 
 
 def _recipe_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("recipe", help="bundled recipe name or YAML path")
+    p.add_argument("recipe", nargs="?", help="bundled recipe name or YAML path")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-4 head.num_heads=3")
+    p.add_argument("--config", default=None, metavar="FILE", help="the recipe, as a flag (instead of RECIPE)")
+
+
+def _recipe_name(args) -> str:
+    """The recipe given as RECIPE or --config FILE (exactly one of them)."""
+    given = args.recipe
+    if given is not None and "=" in given and args.config is not None:   # `--config FILE key=value`: an override
+        args.overrides, given = [given, *args.overrides], None
+    if given is not None and args.config is not None:
+        args.parser.error(f"give the recipe once: as RECIPE ({given}) or as --config ({args.config}), not both")
+    if given is None and args.config is None:
+        args.parser.error("a recipe is needed: RECIPE (a bundled name or YAML path) or --config FILE")
+    return given if given is not None else args.config
 
 
 def cmd_recipe_show(args) -> int:
@@ -116,7 +134,7 @@ def cmd_recipe_show(args) -> int:
     from draftheads.recipe_show import format_recipe
     from draftheads.training.target import load_target_config
 
-    recipe = load_recipe(args.recipe, args.overrides)
+    recipe = load_recipe(_recipe_name(args), args.overrides)
     if not args.no_target:
         t = recipe.target
         recipe.resolve(load_target_config(t.name, t.revision, t.trust_remote_code))
@@ -138,7 +156,7 @@ def cmd_data(args) -> int:
     from draftheads.recipe import load_recipe
     from draftheads.training.datagen import run_data
 
-    run_data(load_recipe(args.recipe, args.overrides), overwrite=args.overwrite, dry_run=args.dry_run)
+    run_data(load_recipe(_recipe_name(args), args.overrides), overwrite=args.overwrite, dry_run=args.dry_run)
     return 0
 
 
@@ -147,7 +165,7 @@ def cmd_train(args) -> int:
     from draftheads.recipe import load_recipe
     from draftheads.training.loop import run_training
 
-    run_training(load_recipe(args.recipe, args.overrides))
+    run_training(load_recipe(_recipe_name(args), args.overrides))
     return 0
 
 
@@ -183,7 +201,8 @@ def _given(flag, default):
 def cmd_export(args) -> int:
     from draftheads.interop.export import export_drafter
 
-    folder = export_drafter(args.source, args.format, args.out, target=args.target, overwrite=args.overwrite)
+    folder = export_drafter(args.source, args.format, args.out, target=args.target, overwrite=args.overwrite,
+                            dtype=args.dtype, speculative_tokens=args.speculative_tokens)
     print(f"exported {args.source} as {args.format} to {folder}")
     return 0
 

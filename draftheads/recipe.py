@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,7 +126,35 @@ def apply_override(data: dict, item: str) -> None:
         node[parts[-1]] = raw
 
 
+# The names other tools (SpecForge, speculators, HF Trainer) give these settings -> ours. Accepted in a recipe file and
+# in overrides, with or without their section (`learning_rate=1e-4`, `train.learning_rate=1e-4`), with a note.
+ALIASES = {
+    "learning_rate": "train.lr", "gradient_accumulation_steps": "train.grad_accum", "max_checkpoints": "train.keep_last",
+    "save_total_limit": "train.keep_last", "resume_from": "train.resume", "resume_from_checkpoint": "train.resume",
+    "ttt_length": "head.ttt_steps", "aux_hidden_state_layer_ids": "head.feature_layers",
+}
+
+
+def resolve_aliases(data: dict, note=lambda line: print(line, file=sys.stderr)) -> None:
+    """Move every alias (top level or in its own section) to our name, in place, noting each; an alias and our
+    name both given is an error, since one would silently win."""
+    for alias, ours in ALIASES.items():
+        section, key = ours.split(".")
+        places = [(data, alias)] + ([(data[section], alias)] if isinstance(data.get(section), dict) else [])
+        for where, name in places:
+            if name not in where:
+                continue
+            target = data.setdefault(section, {})
+            if not isinstance(target, dict):
+                raise DraftheadsError(f"recipe: '{section}' must be a section")
+            if key in target:
+                raise DraftheadsError(f"recipe: both '{alias}' and '{ours}' are set; keep only {ours}")
+            target[key] = where.pop(name)
+            note(f"note: '{alias}' is {ours} in draftheads; using {ours}={target[key]!r}")
+
+
 def recipe_from_dict(data: dict, source: str = "<dict>", default_name: str = "run") -> Recipe:
+    resolve_aliases(data)
     allowed = ("name",) + tuple(SECTIONS) + ("head",)
     for key in data:
         if key not in allowed:

@@ -51,8 +51,13 @@ class EagleConfig:
                                           "token loss (the feature loss uses all); < 1 trades a noisier token loss for speed")
     default_tree: str = doc("dynamic:8,6,48", "tree used when the caller gives none (chain:K, dynamic:TOPK,DEPTH,TOTAL)")
     init_from: str | None = doc(None, "start from an existing drafter (native or an engine/public layout)")
+    draft_layer: Literal["llama", "target"] | None = doc(None, "EAGLE-3: the draft layer's class: 'llama' (the default: what SGLang, "
+                                                        "vLLM, llama.cpp and speculators load for any target) or 'target' (the "
+                                                        "target's own decoder-layer class, e.g. Qwen3's with q/k norms)")
 
     def __post_init__(self):
+        check(self.draft_layer is None or self.eagle3, "head.draft_layer only applies with head.eagle3: true (EAGLE-1/2 "
+                                                       "layers are the target's class)")
         check(1 <= self.ttt_steps <= MAX_TTT_STEPS, f"head.ttt_steps must be between 1 and {MAX_TTT_STEPS}, got {self.ttt_steps}")
         check(0 < self.ttt_decay <= 1, f"head.ttt_decay must be in (0, 1], got {self.ttt_decay}")
         check(self.input_noise >= 0, f"head.input_noise must be >= 0, got {self.input_noise}")
@@ -70,6 +75,8 @@ class EagleConfig:
             if self.draft_vocab_size is not None:
                 check(self.draft_vocab_size <= vocab_size, f"head.draft_vocab_size {self.draft_vocab_size} exceeds the target vocabulary ({vocab_size})")
             return
+        if self.draft_layer is None:
+            self.draft_layer = "llama"
         if self.feature_layers is None:
             self.feature_layers = [2, num_layers // 2, num_layers - 3] if num_layers >= 6 else [0, num_layers // 2, num_layers - 1]
         for layer in self.feature_layers:

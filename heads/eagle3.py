@@ -44,7 +44,7 @@ class Eagle3Drafter(nn.Module):
         hidden = dims.hidden_size
         self.config = config
         self.hidden_size, self.vocab_size = hidden, dims.vocab_size
-        self.layer = build_decoder_layer(target_config)
+        self.layer = build_decoder_layer(target_config, config.draft_layer or "llama")
         if not hasattr(self.layer, "input_layernorm"):
             raise DraftheadsError(f"{type(self.layer).__name__} has no input_layernorm; EAGLE does not support this target")
         eps = getattr(text_config(target_config), "rms_norm_eps", 1e-6)

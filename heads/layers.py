@@ -34,9 +34,48 @@ def draft_layer_config(target_config):
     return config
 
 
-def build_decoder_layer(target_config) -> nn.Module:
-    """A freshly initialised decoder layer of the target's class (layer index 0 of its own cache)."""
+DRAFT_LAYERS = ("llama", "target")
+
+
+def build_decoder_layer(target_config, kind: str = "target") -> nn.Module:
+    """A freshly initialised decoder layer (layer index 0 of its own cache): of the target's class ('target'), or a
+    Llama layer with the target's sizes ('llama', the layer every engine's EAGLE-3 class builds)."""
+    if kind == "llama":
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+        return LlamaDecoderLayer(llama_layer_config(target_config), 0)
     return decoder_layer_class(target_config)(draft_layer_config(target_config), 0)
+
+
+def llama_layer_config(target_config):
+    """A one-layer LlamaConfig with the target's attention, MLP, rope and norm sizes.
+
+    Engines' EAGLE-3 drafters are Llama layers whatever the target (SGLang and llama.cpp have no other, SpecForge
+    and speculators train them for Qwen targets too): no q/k norms, no biases, SiLU. The target's rope is kept: the
+    drafter runs with the target's rotary embedding, and the engines build the same one from these fields."""
+    from transformers import LlamaConfig
+
+    t = text_config(target_config)
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    config = LlamaConfig(
+        vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size, num_hidden_layers=1,
+        num_attention_heads=t.num_attention_heads, num_key_value_heads=getattr(t, "num_key_value_heads", None) or t.num_attention_heads,
+        head_dim=head_dim, hidden_act="silu", max_position_embeddings=t.max_position_embeddings,
+        rms_norm_eps=getattr(t, "rms_norm_eps", 1e-6), attention_bias=False, mlp_bias=False,
+        rope_parameters=full_attention_rope(t), bos_token_id=getattr(t, "bos_token_id", None),
+        eos_token_id=getattr(t, "eos_token_id", None), pad_token_id=getattr(t, "pad_token_id", None),
+        tie_word_embeddings=False,
+    )
+    config._attn_implementation = t._attn_implementation if t._attn_implementation in ("eager", "sdpa") else "sdpa"
+    return config
+
+
+def full_attention_rope(config) -> dict | None:
+    """The target's rope parameters for its full-attention layers (Gemma 3 keeps one set per layer type)."""
+    rope = getattr(config, "rope_parameters", None)
+    if isinstance(rope, dict) and "full_attention" in rope:
+        rope = rope["full_attention"]
+    return dict(rope) if rope else None
 
 
 def make_norm(layer: nn.Module, dim: int, eps: float) -> nn.Module:

@@ -12,6 +12,7 @@ lookup, see inference/combined.py; `combined=True` adds one for every learned dr
 from __future__ import annotations
 
 import collections
+import copy
 import datetime
 import math
 import os
@@ -44,7 +45,7 @@ from draftheads.interop.native import read_config, resolve_drafter_folder, targe
 from draftheads.training.chat import stop_token_ids
 from draftheads.training.hardware import dtype_name
 from draftheads.training.prompts import PromptSource, load_source
-from draftheads.training.target import load_target
+from draftheads.training.target import attach_chat_template, load_target
 
 LOOKUP_NAMES = ("lookup", "prompt-lookup")
 
@@ -164,9 +165,20 @@ def load_eval_target(spec: str | None, dtype: str, drafters: list[str], target_m
     else:
         name = spec or saved_target_name(drafters) or "smollm2-135m"
         model, tokenizer = load_target(name, dtype=dtype)
+    template_kwargs = saved_template_kwargs(drafters)
+    if template_kwargs:   # prompted as the drafter's data was (a copy: the caller's tokenizer stays as it was)
+        tokenizer = copy.copy(tokenizer)
+        attach_chat_template(tokenizer, None, str(name), template_kwargs)
     info = {**target_summary(model), "name": str(name), "dtype": dtype_name(model.dtype), "device": str(model.device),
-            "attn_implementation": getattr(model.config, "_attn_implementation", None)}
+            "attn_implementation": getattr(model.config, "_attn_implementation", None), "chat_template_kwargs": template_kwargs}
     return model, tokenizer, info
+
+
+def saved_template_kwargs(drafters: list[str]) -> dict:
+    """data.chat_template_kwargs of the recipe the first learned drafter was trained with ({} when none)."""
+    paths = learned_paths(drafters)
+    saved = run_recipe(resolve_drafter_folder(paths[0])) if paths else None
+    return dict(((saved or {}).get("data") or {}).get("chat_template_kwargs") or {})
 
 
 def learned_paths(specs: list[str]) -> list[str]:

@@ -182,13 +182,26 @@ def engine_layer_config(target, model_type: str, architectures: list[str], dtype
     d = {k: getattr(target, k) for k in LAYER_FIELDS if getattr(target, k, None) is not None}
     d.setdefault("head_dim", target.hidden_size // target.num_attention_heads)
     rope = d.get("rope_parameters") or {}
+    if isinstance(rope, dict) and "full_attention" in rope:   # Gemma 3: one set per layer type; the draft layer is full
+        rope = d["rope_parameters"] = rope["full_attention"]
     if "rope_theta" in rope or getattr(target, "rope_theta", None) is not None:
         d["rope_theta"] = rope.get("rope_theta", getattr(target, "rope_theta", None))  # older loaders read rope_theta
+    d["rope_scaling"] = rope_scaling(rope)
     name = str(dtype).removeprefix("torch.")
     d.update(model_type=model_type, architectures=architectures, num_hidden_layers=1,
              tie_word_embeddings=bool(getattr(target, "tie_word_embeddings", False)), torch_dtype=name, dtype=name)
     d.update(extra)
     return d
+
+
+def rope_scaling(rope: dict) -> dict | None:
+    """transformers 4.x's `rope_scaling` for `rope_parameters` (None for plain RoPE): what loaders pinned to it read
+    (SGLang, older vLLM), which ignore rope_parameters and would otherwise run a Llama-3.1 drafter with plain RoPE."""
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return None
+    scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "type")}
+    return {**scaling, "rope_type": kind}
 
 
 def layer_biases(state: dict, prefix: str = "layer.") -> tuple[bool, bool]:
@@ -223,5 +236,13 @@ def read_eagle3(config: dict, tensors: dict, target) -> tuple[dict, dict]:
         state["d2t"] = torch.zeros(size, dtype=torch.long)
     if "t2d" not in state:
         state["t2d"] = draft_vocab.members(state["d2t"], vocab)
-    return {"type": "eagle", "eagle3": True, "feature_layers": layers, "draft_vocab_size": size}, state
+    return {"type": "eagle", "eagle3": True, "feature_layers": layers, "draft_vocab_size": size,
+            "draft_layer": draft_layer_kind(state)}, state
+
+
+def draft_layer_kind(state: dict) -> str:
+    """'llama' for a checkpoint with a Llama-shaped layer (no q/k norms, no attention biases): what SGLang, vLLM,
+    SpecForge and speculators' default write, whatever the target; 'target' for one of the target's own class."""
+    own = any(key.startswith("layer.") and ("q_norm" in key or "k_norm" in key or key.endswith("_proj.bias")) for key in state)
+    return "target" if own else "llama"
 

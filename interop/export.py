@@ -31,22 +31,33 @@ from draftheads.heads.factory import head_config, new_drafter
 from draftheads.interop import deepseek_mtp, sglang, speculators, tgi, vllm
 from draftheads.interop.layout import Layout
 from draftheads.interop.native import CONFIG, PROVENANCE, WEIGHTS, SavedDrafter
+from draftheads.interop.vocab_mapping import write_vocab_mappings
 
 ENGINES = {"vllm": vllm, "sglang": sglang, "tgi": tgi, "speculators": speculators, "deepseek-mtp": deepseek_mtp}
 FORMATS = ("native", *ENGINES)
 LABELS = {"eagle3": "EAGLE-3", "eagle": "EAGLE", "medusa": "Medusa", "mtp": "MTP"}
 
 
-def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False) -> Path:
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dtype: str | None = None,
+                   speculative_tokens: int | None = None) -> Path:
     """Write the drafter at `src` (drafter or run folder) as `fmt` into folder `out`.
 
     `target` (a loaded model, a local path or a hub id) is needed only when the drafter's own
     record of its target cannot be resolved. `overwrite` lets a previous export of the same format
-    in `out` be replaced. Returns `out`.
+    in `out` be replaced. `dtype` (bf16, fp16, fp32) casts the floating-point tensors (default: as saved, the fp32
+    master weights). `speculative_tokens`: the draft length written where an engine config takes one (default: the
+    length the drafter was trained for). Returns `out`.
     """
     if fmt not in FORMATS:
         raise DraftheadsError(f"unknown export format '{fmt}'{suggest(fmt, FORMATS)}; use one of {', '.join(FORMATS)}")
-    saved = SavedDrafter.read(src, target)
+    if dtype is not None and dtype not in DTYPES:
+        raise DraftheadsError(f"unknown export dtype '{dtype}'; use one of {', '.join(DTYPES)}")
+    if speculative_tokens is not None and speculative_tokens < 1:
+        raise DraftheadsError(f"--speculative-tokens must be at least 1, got {speculative_tokens}")
+    saved = SavedDrafter.read(src, target, dtype=DTYPES.get(dtype), speculative_tokens=speculative_tokens)
     out = Path(out).expanduser()
     check_out(out, fmt, saved, overwrite)
     provenance = {"format": fmt, "source": str(saved.folder), "head": saved.head, "target": saved.config.get("target"),
@@ -56,6 +67,9 @@ def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False) -> 
 
         def copy(tmp: Path) -> None:
             shutil.copytree(saved.folder, tmp, dirs_exist_ok=True)
+            if dtype is not None:   # the same tensors, cast
+                save_file({k: v.contiguous() for k, v in saved.state.items()}, str(tmp / WEIGHTS), metadata={"format": "pt"})
+            write_mappings(tmp, saved)
             (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
 
         return write_folder(out, copy)
@@ -65,9 +79,17 @@ def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False) -> 
     def fill(tmp: Path) -> None:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / weights_file), metadata={"format": "pt"})
         (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        write_mappings(tmp, saved)
         (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
 
     return write_folder(out, fill)
+
+
+def write_mappings(folder: Path, saved: SavedDrafter) -> None:
+    """An EAGLE-3 drafter's draft vocabulary also as SpecForge's vocab_mapping.pt and speculators' d2t.npy / t2d.npy,
+    for reuse there (and here: train.draft_vocab_from)."""
+    if saved.kind == "eagle3" and "d2t" in saved.state:
+        write_vocab_mappings(folder, saved.state["d2t"], int(saved.config["target"]["vocab_size"]))
 
 
 def check_out(out: Path, fmt: str, saved: SavedDrafter, overwrite: bool) -> None:
@@ -133,7 +155,8 @@ def find_layout(fmt: str, kind: str) -> Layout | None:
 
 def refusal(saved: SavedDrafter, fmt: str) -> str | None:
     """Why `saved` cannot be exported as `fmt` (None: it can)."""
-    kind, family = saved.kind, saved.family
+    kind = saved.kind
+    family = saved.layer_family if kind == "eagle3" else saved.family   # EAGLE-3 engines build the drafter's layer class
     if fmt == "native":
         return None
     layout = find_layout(fmt, kind)
@@ -142,6 +165,9 @@ def refusal(saved: SavedDrafter, fmt: str) -> str | None:
     if kind == "medusa" and saved.head.get("medusa2"):
         return "Medusa-2 heads read the LoRA-adapted target, which engines do not build; merge the adapter into the target first"
     if layout.families and family not in layout.families:
+        if kind == "eagle3":
+            return (f"{layout.engine} has no EAGLE-3 class for a {family} draft layer (it builds {', '.join(layout.families)} "
+                    "layers); train with head.draft_layer: llama, which every engine loads")
         return f"{layout.engine} has no {kind} layer for a {family or 'unknown'} target (it supports {', '.join(layout.families)})"
     reason = ENGINES[fmt].refusal(saved)  # what this engine's loader cannot hold
     if reason is None and kind not in ENGINES[fmt].WRITERS:

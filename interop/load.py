@@ -23,7 +23,7 @@ from draftheads.interop import tgi, vllm
 from draftheads.interop.eagle_layout import EAGLE3_ARCHS, EAGLE_ARCHS, eagle_from_engine, read_eagle3
 from draftheads.interop.native import FORMAT, PROVENANCE, load_native, read_config, read_weights, resolve_drafter_folder
 
-STRUCTURE = {"medusa": ("type", "num_heads", "num_layers", "lm_head", "draft_vocab_size"), "eagle": ("type", "eagle3", "feature_layers", "draft_vocab_size")}
+STRUCTURE = {"medusa": ("type", "num_heads", "num_layers", "lm_head", "draft_vocab_size"), "eagle": ("type", "eagle3", "feature_layers", "draft_vocab_size", "draft_layer")}
 
 
 def load_drafter(path, target):

@@ -25,9 +25,11 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import write_folder
 from draftheads.core.run_folder import drafter_candidates
 from draftheads.core.targets import locate_target
+from draftheads.core.tree import parse_tree
 from draftheads.core.version import __version__
 from draftheads.heads.common import place_like, target_dims, text_config
 from draftheads.heads.factory import head_config, new_drafter
+from draftheads.heads.layers import llama_layer_config
 
 FORMAT = "draftheads"
 WEIGHTS = "model.safetensors"
@@ -112,10 +114,19 @@ def read_config(folder: Path) -> dict:
         raise DraftheadsError(f"{folder / CONFIG} is not valid JSON ({e.msg} at line {e.lineno}); re-export the drafter") from None
 
 
+def saved_head(config: dict) -> dict:
+    """A native config.json's head section, with what folders saved before a setting existed were built with:
+    EAGLE-3 layers of the target's class before head.draft_layer (a Llama layer by default since)."""
+    head = dict(config.get("head") or {})
+    if head.get("type") == "eagle" and head.get("eagle3") and "draft_layer" not in head:
+        head["draft_layer"] = "target"
+    return head
+
+
 def load_native(folder: Path, config: dict, target):
     """A native drafter, checked against `target`, bound to it and placed on its device/dtype."""
     check_target(config.get("target"), target, folder)
-    drafter = new_drafter(head_config(dict(config.get("head") or {}), f"{folder / CONFIG}: head"), target.config)
+    drafter = new_drafter(head_config(saved_head(config), f"{folder / CONFIG}: head"), target.config)
     load_weights(drafter.saved_module(), folder / WEIGHTS)
     drafter.bind(target)
     drafter.load_extras(folder)
@@ -171,9 +182,11 @@ class SavedDrafter:
     config: dict  # the native config.json
     state: dict[str, torch.Tensor]
     target_ref: object  # a loaded model, a path / hub id, or None (use the recorded target name)
+    speculative_tokens_given: int | None = None
 
     @classmethod
-    def read(cls, src, target_ref=None) -> "SavedDrafter":
+    def read(cls, src, target_ref=None, dtype: torch.dtype | None = None, speculative_tokens: int | None = None) -> "SavedDrafter":
+        """The drafter at `src`; `dtype` casts its floating-point tensors (index maps such as d2t stay integers)."""
         folder = resolve_drafter_folder(src)
         config = read_config(folder)
         if config.get("format") != FORMAT:
@@ -181,11 +194,14 @@ class SavedDrafter:
                                   "(load engine folders with load_drafter)")
         if not (folder / WEIGHTS).is_file():
             raise DraftheadsError(f"'{folder / WEIGHTS}' not found; the drafter folder is incomplete")
-        return cls(folder, config, read_weights(folder / WEIGHTS), target_ref)
+        state = read_weights(folder / WEIGHTS)
+        if dtype is not None:
+            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        return cls(folder, config, state, target_ref, speculative_tokens)
 
     @property
     def head(self) -> dict:
-        return self.config["head"]
+        return saved_head(self.config)
 
     @property
     def kind(self) -> str:
@@ -197,8 +213,28 @@ class SavedDrafter:
         return (self.config.get("target") or {}).get("model_type")
 
     @property
+    def layer_family(self) -> str | None:
+        """The model type of the drafter's decoder layer: llama for EAGLE-3's Llama layer, else the target's."""
+        return "llama" if self.head.get("draft_layer") == "llama" else self.family
+
+    @property
     def dtype(self) -> torch.dtype:
         return next(t.dtype for t in self.state.values() if t.is_floating_point())
+
+    @property
+    def speculative_tokens(self) -> int:
+        """The draft length an engine should run: as given, else the one the drafter was trained for (EAGLE-3: its
+        training-time-test unroll; Medusa: its heads; MTP: its modules; EAGLE-1/2: its default tree's depth)."""
+        if self.speculative_tokens_given:
+            return self.speculative_tokens_given
+        h = self.head
+        if self.kind == "eagle3" and h.get("ttt_steps", 1) > 1:
+            return int(h["ttt_steps"])
+        if self.kind == "medusa":
+            return int(h["num_heads"])
+        if self.kind == "mtp":
+            return int(h["depth"])
+        return parse_tree(h.get("default_tree") or "chain:5").depth
 
     def target_name(self) -> str | None:
         if isinstance(self.target_ref, (str, os.PathLike)):
@@ -220,6 +256,12 @@ class SavedDrafter:
         except (OSError, ValueError) as e:
             raise DraftheadsError(f"cannot read the target config from '{self.target_name()}' ({str(e).splitlines()[0][:120]}); "
                                   "pass --target PATH") from None
+
+    def layer_config(self):
+        """The config of the drafter's decoder layer as the engines build it: the Llama layer EAGLE-3 uses by default
+        (the target's sizes and rope, SiLU, no biases or q/k norms), else the target's own."""
+        target = self.target_config()
+        return llama_layer_config(target) if self.head.get("draft_layer") == "llama" else target
 
     def target_lm_head(self) -> torch.Tensor:
         """[V, H] the target's output-embedding weight (engines without a shared lm_head need a copy)."""

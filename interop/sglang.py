@@ -67,7 +67,7 @@ def write_eagle3(s: SavedDrafter):
     # SGLang adds 1 itself to ids given in eagle_config: they name the layers whose OUTPUT is read
     extra = eagle3_fields(s, list(s.head["feature_layers"]))
     extra["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": extra.pop("eagle_aux_hidden_state_layer_ids")}
-    config = engine_layer_config(s.target_config(), "llama", ["LlamaForCausalLMEagle3"], s.dtype, **extra, tie_word_embeddings=False)
+    config = engine_layer_config(s.layer_config(), "llama", ["LlamaForCausalLMEagle3"], s.dtype, **extra, tie_word_embeddings=False)
     return eagle3_to_engine(s.state, "midlayer."), config, "model.safetensors"
 
 

@@ -4,7 +4,6 @@ tensor names are the public EAGLE-3 layout's under `layers.0.` (interop/eagle_la
 
 from __future__ import annotations
 
-from draftheads.core.tree import parse_tree
 from draftheads.interop.eagle_layout import eagle3_fields, eagle3_tensors, eagle3_to_engine, engine_layer_config
 from draftheads.interop.layout import SPECULATORS, VLLM, Layout, LoaderFile
 from draftheads.interop.native import SavedDrafter
@@ -44,11 +43,10 @@ LAYOUTS = (
 
 def write_eagle3(s: SavedDrafter):
     """Eagle3Speculator: the layer's own config, vLLM's aux-layer numbering, a greedy proposal method."""
-    target = s.target_config()
-    model_type = "qwen3" if s.family == "qwen3" else "llama"
-    layer = engine_layer_config(target, model_type, [], s.dtype, attention_bias=False, tie_word_embeddings=False)
+    model_type = "qwen3" if s.layer_family == "qwen3" else "llama"
+    layer = engine_layer_config(s.layer_config(), model_type, [], s.dtype, attention_bias=False, tie_word_embeddings=False)
     layer.pop("architectures")
-    depth = parse_tree(s.head.get("default_tree") or "chain:5").depth
+    depth = s.speculative_tokens
     verifier_arch = (s.config.get("target") or {}).get("architecture")
     config = {
         "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "speculators_version": SPECULATORS_VERSION,

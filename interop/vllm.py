@@ -197,7 +197,7 @@ def write_eagle3(s: SavedDrafter):
     """LlamaForCausalLMEagle3 with midlayer.* names and vLLM's aux-layer numbering."""
     # vLLM captures layer i's INPUT as aux id i: our layer l's output is id l + 1
     extra = eagle3_fields(s, [layer + 1 for layer in s.head["feature_layers"]])
-    config = engine_layer_config(s.target_config(), "llama", ["LlamaForCausalLMEagle3"], s.dtype, **extra, tie_word_embeddings=False)
+    config = engine_layer_config(s.layer_config(), "llama", ["LlamaForCausalLMEagle3"], s.dtype, **extra, tie_word_embeddings=False)
     return eagle3_to_engine(s.state, "midlayer."), config, "model.safetensors"
 
 

@@ -81,7 +81,7 @@ def make_config(family: str, vocab_size: int, **overrides):
         vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
     )
-    if family == "qwen3":
+    if family in ("qwen3", "gemma"):   # Gemma's default head_dim is 256
         sizes["head_dim"] = 16
     sizes.update(overrides)
     return AutoConfig.for_model(family, **sizes)

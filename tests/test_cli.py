@@ -115,3 +115,32 @@ def test_profile_prints_the_verify_cost_table_and_writes_its_files(tiny_target_d
     assert (tmp_path / "p" / "profile.png").read_bytes()[:4] == b"\x89PNG"
     assert main(["profile", str(tmp_path / "no-such-target")]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_config_flag_and_other_tools_names_are_accepted_with_a_note(monkeypatch, capsys, tmp_path):
+    seen = []
+    monkeypatch.setattr("draftheads.training.loop.run_training", lambda recipe, **kw: seen.append(recipe))
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text("name: mine\nhead: {type: eagle, eagle3: true, ttt_length: 3}\ntrain: {learning_rate: 0.002}\n")
+    assert main(["train", "--config", str(recipe), "gradient_accumulation_steps=4", "max_checkpoints=5"]) == 0
+    assert main(["train", "eagle-smollm2", "head.eagle3=true", "train.resume_from=never", "aux_hidden_state_layer_ids=[1,2,3]"]) == 0
+    first, second = seen
+    assert (first.head.ttt_steps, first.train.lr, first.train.grad_accum, first.train.keep_last) == (3, 0.002, 4, 5)
+    assert second.train.resume == "never" and second.head.feature_layers == [1, 2, 3]
+    err = capsys.readouterr().err
+    assert "note: 'learning_rate' is train.lr in draftheads" in err and "note: 'ttt_length' is head.ttt_steps" in err
+
+
+def test_recipe_given_twice_or_an_alias_beside_its_name_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "eagle-smollm2", "--config", "medusa-smollm2"])
+    err = capsys.readouterr().err
+    assert "usage: draftheads train" in err and "give the recipe once" in err
+    assert main(["recipe", "show", "eagle-smollm2", "train.lr=1e-3", "learning_rate=1e-4", "--no-target"]) == 2
+    assert "both 'learning_rate' and 'train.lr' are set; keep only train.lr" in capsys.readouterr().err
+
+
+def test_a_sub_command_error_prints_that_sub_commands_usage(capsys):
+    with pytest.raises(SystemExit):
+        main(["export", "somewhere", "--format", "vllm", "--out", "x", "--bogus"])
+    assert "usage: draftheads export" in capsys.readouterr().err

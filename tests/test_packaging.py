@@ -33,3 +33,31 @@ def test_wheel_maps_top_level_folders_into_the_package(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
     first, count = done.stdout.split()
     assert first.startswith(str(site)) and int(count) >= 6
+
+
+def test_every_third_party_import_is_a_declared_dependency():
+    """What the package imports (at the top of a module or inside a function) is installed by `pip install draftheads`,
+    or by the extra of the one optional feature that needs it."""
+    import ast
+    import importlib.metadata
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {re.split(r"[<>=!~\[; ]", req)[0].lower().replace("_", "-") for req in project["dependencies"]}
+    optional = {re.split(r"[<>=!~\[; ]", req)[0].lower().replace("_", "-")
+                for reqs in project["optional-dependencies"].values() for req in reqs}
+    owners = importlib.metadata.packages_distributions()
+    imported = set()
+    for folder in ("draftheads", "core", "heads", "interop", "training", "inference", "recipes"):
+        for file in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(file.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+                imported.update(name.split(".")[0] for name in names)
+    third_party = sorted(m for m in imported if m not in sys.stdlib_module_names and m != "draftheads")
+    missing = [m for m in third_party
+               if not {d.lower().replace("_", "-") for d in owners.get(m, [m])} & (declared | optional)]
+    assert not missing, f"imported but not declared in pyproject.toml: {missing}"
+    assert "wandb" not in declared and "wandb" in optional   # an optional tracker, not a requirement
+    assert any(req.startswith("transformers") and "<" in req for req in project["dependencies"])

@@ -17,6 +17,11 @@ def test_every_bundled_recipe_loads_and_validates(name):
 
     text, _ = read_recipe_text(name)
     assert text.startswith("#") and ("draftheads train" in text or "-m draftheads.train" in text)
+    if "smollm2" in name:   # the embedded target answers in-process
+        assert recipe.data.backend == "local"
+    else:                   # full-size targets generate their data through a serving engine, started as the header says
+        assert recipe.data.backend == "openai" and recipe.data.openai_url
+        assert f"vllm serve {recipe.target.name}" in text and "sglang.launch_server" in text
 
 
 def test_bundled_set_covers_every_head_type_for_smollm2_and_full_size():

@@ -12,6 +12,10 @@ The template pieces between turns are found by rendering conversation prefixes w
 the tokenizer's own chat template and diffing their token ids, so no template is
 special-cased. The generated tokens are kept as generated (not re-tokenized from text),
 so every trained token is exactly what the target produced after exactly its left context.
+
+A template that is not incremental (it rewrites earlier turns once a later one follows, as Qwen3's drops the
+thinking of earlier answers) gives one row per turn instead: turn k's row is the template's rendering of the
+conversation up to user k (mask 0) followed by answer k (mask 1).
 """
 
 from __future__ import annotations
@@ -107,6 +111,13 @@ class Chat:
     stopped: str | None = None
     truncated: bool = False
     cut: int = 0  # replies that ran out of tokens before the end-of-turn token
+    # finished (input_ids, loss_mask) rows of earlier turns, when the template is not incremental
+    earlier: list[tuple[list[int], list[int]]] = field(default_factory=list)
+
+    def rows(self) -> list[tuple[list[int], list[int]]]:
+        """The training rows of this conversation: one, or one per turn when the template re-renders earlier turns."""
+        current = [(self.input_ids, self.loss_mask)] if any(self.loss_mask) else []
+        return self.earlier + current
 
 
 def first_messages(users: list[str], system: str | None) -> list[dict]:
@@ -167,9 +178,19 @@ def add_reply(tokenizer, chat: Chat, reply_ids: list[int], stop_ids, max_length:
     if not finished:
         chat.done, chat.stopped = True, "later turns dropped: reply cut before end of turn"
         return
-    delta = next_turn_ids(tokenizer, chat.messages, chat.users[chat.answered], end_of_turn_id(tokenizer))
+    user = chat.users[chat.answered]
+    delta = next_turn_ids(tokenizer, chat.messages, user, end_of_turn_id(tokenizer))
     if delta is None:
-        chat.done, chat.stopped = True, "later turns dropped: chat template is not incremental"
+        # The template re-renders earlier turns (Qwen3 drops their thinking blocks), so the next answer's context is
+        # not this row's ids: answer it from the context the template renders for it, as a server would, in a row of
+        # its own where only that answer is trained.
+        context = render_ids(tokenizer, chat.messages + [{"role": "user", "content": user}], add_generation_prompt=True)
+        if len(context) + 1 > max_length:
+            chat.done, chat.stopped = True, "later turns dropped: over max_length"
+            return
+        chat.earlier.append((chat.input_ids, chat.loss_mask))
+        chat.messages.append({"role": "user", "content": user})
+        chat.input_ids, chat.loss_mask = context, [0] * len(context)
     elif len(chat.input_ids) + len(delta) + 1 > max_length:
         chat.done, chat.stopped = True, "later turns dropped: over max_length"
     else:

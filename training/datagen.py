@@ -15,6 +15,7 @@ more prompts grows: only the new prompts are answered (see datastore).
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import json
 import os
@@ -45,6 +46,8 @@ class DataConfig:
     output: str | None = doc(None, "dataset folder (default data/<name>)")
     num_prompts: int = doc(400, "total prompts to answer")
     system_prompt: str | None = doc(None, "system prompt for every conversation")
+    chat_template_kwargs: dict = doc({}, "variables for the chat template, e.g. {enable_thinking: false} (Qwen3); the same "
+                                         "in data generation and in `draftheads eval` of drafters trained on this data")
     max_new_tokens: int = doc(256, "longest response per turn")
     max_length: int = doc(1024, "longest prompt+response in tokens")
     truncate: bool = doc(False, "truncate prompts longer than max_length instead of skipping them")
@@ -144,8 +147,9 @@ def run_data(recipe, *, overwrite: bool = False, dry_run: bool = False, target=N
 
 def make_backend(recipe, target, procs: Processes):
     """(backend, tokenizer): the local target, or the OpenAI-compatible server with the target's tokenizer."""
+    kwargs = recipe.data.chat_template_kwargs
     if recipe.data.backend == "openai":
-        tokenizer = target[1] if target is not None else load_tokenizer(recipe.target)
+        tokenizer = with_template(target[1], recipe, kwargs) if target is not None else load_tokenizer(recipe.target, kwargs)
         return OpenAIBackend(tokenizer, recipe.data, model=recipe.data.openai_model or recipe.target.name), tokenizer
     if target is None:
         t = recipe.target
@@ -155,8 +159,16 @@ def make_backend(recipe, target, procs: Processes):
         target = load_target(t.name, dtype=t.dtype, device=device, revision=t.revision, trust_remote_code=t.trust_remote_code,
                              chat_template=t.chat_template, attn_implementation=t.attn_implementation)
     model, tokenizer = target
-    attach_chat_template(tokenizer, recipe.target.chat_template, recipe.target.name)
+    tokenizer = with_template(tokenizer, recipe, kwargs)
     return LocalBackend(model, tokenizer, recipe.data), tokenizer
+
+
+def with_template(tokenizer, recipe, kwargs: dict):
+    """The tokenizer with the recipe's chat template and template variables: a copy, so a caller's tokenizer (the
+    one evaluation or tests go on using) is left as it was."""
+    tokenizer = copy.copy(tokenizer)
+    attach_chat_template(tokenizer, recipe.target.chat_template, recipe.target.name, kwargs)
+    return tokenizer
 
 
 def ensure_prompts(out: Path, data, backend, procs: Processes, grown: dict | None = None):

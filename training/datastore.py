@@ -208,10 +208,11 @@ def quiet_datasets():
 
 def shard_stats(chats: list, seconds: float) -> dict:
     kept = [c for c in chats if c.answered > 0]
+    rows = [row for c in kept for row in c.rows()]
     stopped = collections.Counter(c.stopped for c in chats if c.stopped)  # rejected first turns leave no row
     return {
-        "rows": len(kept), "tokens": sum(len(c.input_ids) for c in kept),
-        "generated_tokens": sum(sum(c.loss_mask) for c in kept), "responses": sum(c.answered for c in kept),
+        "rows": len(rows), "tokens": sum(len(ids) for ids, _ in rows),
+        "generated_tokens": sum(sum(mask) for _, mask in rows), "responses": sum(c.answered for c in kept),
         "cut_responses": sum(c.cut for c in kept), "truncated_prompts": sum(c.truncated for c in kept),
         "stopped": dict(stopped), "seconds": seconds,
     }
@@ -221,9 +222,9 @@ def write_shard(out: Path, index: int, chats: list, seconds: float) -> None:
     """Save a finished shard atomically: written to a temp folder, then renamed into place."""
     import datasets
 
-    kept = [c for c in chats if c.answered > 0]
-    rows = {"input_ids": [c.input_ids for c in kept], "loss_mask": [c.loss_mask for c in kept],
-            "prompt_id": [c.prompt_id for c in kept]}
+    kept = [(c.prompt_id, ids, mask) for c in chats if c.answered > 0 for ids, mask in c.rows()]
+    rows = {"input_ids": [ids for _, ids, _ in kept], "loss_mask": [mask for _, _, mask in kept],
+            "prompt_id": [prompt_id for prompt_id, _, _ in kept]}
     final = shard_path(out, index)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
     with quiet_datasets():

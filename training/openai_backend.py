@@ -30,14 +30,14 @@ class Rejected(Exception):
     """The server refused this request (a 4xx other than rate limiting): skip the conversation."""
 
 
-def load_tokenizer(target_cfg):
+def load_tokenizer(target_cfg, template_kwargs: dict | None = None):
     """The target's tokenizer alone (the weights live on the server), with a chat template."""
     from transformers import AutoTokenizer
 
     where, extra = locate_target(target_cfg.name)
     tokenizer = from_hub(AutoTokenizer.from_pretrained, target_cfg.name, where, revision=target_cfg.revision,
                           trust_remote_code=target_cfg.trust_remote_code, **extra)
-    attach_chat_template(tokenizer, target_cfg.chat_template, target_cfg.name)
+    attach_chat_template(tokenizer, target_cfg.chat_template, target_cfg.name, template_kwargs)
     return tokenizer
 
 
@@ -82,6 +82,8 @@ class OpenAIBackend:
     def chat_completion(self, messages: list[dict], max_tokens: int, seed: int) -> tuple[str, str]:
         body = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
                 "temperature": self.data.temperature, "top_p": self.data.top_p, "seed": seed}
+        if self.data.chat_template_kwargs:   # the server renders the template: vLLM and SGLang take these per request
+            body["chat_template_kwargs"] = dict(self.data.chat_template_kwargs)
         choice = self.post("/chat/completions", body)["choices"][0]
         return choice["message"].get("content") or "", choice.get("finish_reason") or "stop"
 

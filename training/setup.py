@@ -19,6 +19,7 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.run_folder import COMPLETE, incomplete_checkpoints
 from draftheads.heads.factory import bound_drafter, drafter_class, new_drafter
 from draftheads.interop.load import load_drafter
+from draftheads.interop.vocab_mapping import read_vocab_mapping
 from draftheads.training import batches as B
 from draftheads.training import checkpoint as C
 from draftheads.training.features import build_feature_cache, cache_key
@@ -165,8 +166,17 @@ def initial_drafter(recipe, model, rows, train_idx):
             raise DraftheadsError(f"head.init_from '{head.init_from}' holds a {drafter.config.type} drafter but head.type is {head.type}")
         return drafter
     drafter = bound_drafter(head, model)
-    if drafter.vocab.restricted:
-        vocab = recipe.derived["vocab_size"]
+    vocab = recipe.derived["vocab_size"]
+    if recipe.train.draft_vocab_from:
+        if not drafter.vocab.restricted:
+            raise DraftheadsError("train.draft_vocab_from needs a drafter with a draft vocabulary; set head.draft_vocab_size")
+        chosen = read_vocab_mapping(recipe.train.draft_vocab_from, vocab)
+        if len(chosen) != drafter.vocab.size:
+            raise DraftheadsError(f"train.draft_vocab_from holds {len(chosen)} tokens but head.draft_vocab_size is "
+                                  f"{drafter.vocab.size}; set head.draft_vocab_size: {len(chosen)}")
+        # exactly these tokens: each counted once, every other token never
+        drafter.set_draft_vocab(torch.zeros(vocab, dtype=torch.long).index_fill(0, chosen, 1))
+    elif drafter.vocab.restricted:
         drafter.set_draft_vocab(B.loss_token_counts(rows, train_idx, recipe.train.max_length, vocab))
     return drafter
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,8 +85,10 @@ def freeze(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def attach_chat_template(tokenizer, chat_template: str | None, spec: str = "the target") -> None:
-    """Use the recipe's template if given (text or a file path); require one in the end."""
+def attach_chat_template(tokenizer, chat_template: str | None, spec: str = "the target", kwargs: dict | None = None) -> None:
+    """Use the recipe's template if given (text or a file path); require one in the end. `kwargs` (a recipe's
+    data.chat_template_kwargs, e.g. {enable_thinking: false}) become variables of the template itself, so every
+    rendering (data generation, the loss masks, evaluation prompts) sees them, as a server passed them would."""
     if chat_template:
         path = Path(chat_template).expanduser()
         is_file = len(chat_template) < 4096 and "{" not in chat_template and path.is_file()
@@ -94,6 +97,22 @@ def attach_chat_template(tokenizer, chat_template: str | None, spec: str = "the 
         raise DraftheadsError(
             f"the tokenizer of {spec} has no chat template; set target.chat_template to a Jinja template or a .jinja file"
         )
+    if kwargs:
+        if not isinstance(tokenizer.chat_template, str):
+            raise DraftheadsError(f"the tokenizer of {spec} has several named chat templates; set target.chat_template to "
+                                  "the one to use before giving data.chat_template_kwargs")
+        tokenizer.chat_template = template_variables(kwargs) + tokenizer.chat_template
+
+
+def template_variables(kwargs: dict) -> str:
+    """Jinja `set` statements for `kwargs` (their values as JSON literals, which Jinja reads; null as none)."""
+    out = []
+    for name, value in kwargs.items():
+        if not str(name).isidentifier():
+            raise DraftheadsError(f"data.chat_template_kwargs: '{name}' is not a template variable name")
+        literal = "none" if value is None else json.dumps(value)
+        out.append(f"{{%- set {name} = {literal} -%}}")
+    return "".join(out)
 
 
 def from_hub(loader, spec: str, where: str, **kwargs):

@@ -10,6 +10,9 @@ tensors alone; refused combinations fail with a one-line error that lists the al
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,7 +26,9 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.interop.export import export_drafter
 from draftheads.interop.native import save_drafter
 from draftheads.core.tree import parse_tree
-from tests.fixtures import FAMILIES, make_target
+from tests.fixtures import FAMILIES as TEST_FAMILIES, make_target
+
+FAMILIES = TEST_FAMILIES + ("gemma",)   # every family a tiny config builds; the exports are checked for each
 
 H, V, I, Q, KV, D = 64, 384, 128, 64, 32, 16  # tiny fixture: hidden 64, 4 heads / 2 kv heads of 16, MLP 128
 VD = 100  # EAGLE-3 draft vocabulary used here
@@ -33,16 +38,20 @@ HEADS = {
     "medusa-own": ("medusa", {"num_heads": 2, "num_layers": 2, "lm_head": "own"}),
     "medusa-own-vocab": ("medusa", {"num_heads": 2, "num_layers": 1, "lm_head": "own", "draft_vocab_size": VD}),
     "eagle": ("eagle", {}),
-    "eagle3": ("eagle", {"eagle3": True, "draft_vocab_size": VD}),
+    "eagle3": ("eagle", {"eagle3": True, "draft_vocab_size": VD}),                  # the Llama draft layer (default)
+    "eagle3-own": ("eagle", {"eagle3": True, "draft_vocab_size": VD, "draft_layer": "target"}),   # the target's class
 }
 # Which engine formats each head type may go to, per target family (everything else is refused).
 ALLOWED = {
     "medusa-shared": {f: ("vllm", "tgi") for f in FAMILIES},
     "medusa-own": {f: ("vllm", "tgi") for f in FAMILIES},
     "medusa-own-vocab": {f: ("vllm",) for f in FAMILIES},  # vLLM's token_map; TGI's own heads are full-vocabulary
-    "eagle": {"llama": ("vllm", "sglang"), "mistral": ("vllm", "sglang"), "qwen2": ("vllm", "sglang"), "qwen3": ()},
-    "eagle3": {"llama": ("vllm", "sglang", "speculators"), "mistral": ("vllm", "sglang", "speculators"), "qwen2": (),
-               "qwen3": ("speculators",)},
+    "eagle": {"llama": ("vllm", "sglang"), "mistral": ("vllm", "sglang"), "qwen2": ("vllm", "sglang"), "qwen3": (), "gemma": ()},
+    # a Llama draft layer goes to every EAGLE-3 engine whatever the target; a layer of the target's class only where
+    # the engine has that class
+    "eagle3": {f: ("vllm", "sglang", "speculators") for f in FAMILIES},
+    "eagle3-own": {"llama": ("vllm", "sglang", "speculators"), "mistral": ("vllm", "sglang", "speculators"), "qwen2": (),
+                   "qwen3": ("speculators",), "gemma": ()},
 }
 ENGINE_FORMATS = ("vllm", "sglang", "tgi", "speculators", "deepseek-mtp")
 
@@ -76,7 +85,7 @@ def natives(targets, tmp_path_factory):
             with torch.no_grad():  # zero-initialised blocks would hide swapped or dropped tensors
                 for p in drafter.parameters():
                     p.add_(torch.randn_like(p) * 0.05)
-            if head == "eagle3":
+            if head.startswith("eagle3"):
                 drafter.vocab.choose(torch.randint(0, 1000, (V,)))  # keeps the noisy lm_head: no restart from the target
             folder = save_drafter(drafter, tmp_path_factory.mktemp(f"{family}-{head}") / "native", target=target)
             cache[family, head] = drafter, folder
@@ -156,6 +165,15 @@ def eagle3_keys(prefix, qk_norm=False):
             **layer_keys(prefix, 2 * H, qk_norm=qk_norm), "norm.weight": (H,), "lm_head.weight": (VD, H), "d2t": (VD,), "t2d": (V,)}
 
 
+# what every engine's config says of a Llama draft layer for a non-Llama target: Llama, SiLU, no biases
+LLAMA_LAYER = {
+    "vllm": {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu", "head_dim": D,
+             "num_key_value_heads": 2, "eagle_aux_hidden_state_layer_ids": [1, 3, 4]},
+    "sglang": {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu", "head_dim": D,
+               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 2, 3]}},
+    "speculators": {"speculators_model_type": "eagle3", "draft_vocab_size": VD, "eagle_aux_hidden_state_layer_ids": [1, 3, 4],
+                    "transformer_layer_config": {"model_type": "llama", "hidden_act": "silu"}},
+}
 # (format, head, family) -> (weights file, {key: shape}, config fields that must hold these values)
 EXPECTED = {
     ("vllm", "medusa-shared", "llama"): ("model.safetensors", {
@@ -196,8 +214,10 @@ EXPECTED = {
     ("speculators", "eagle3", "llama"): ("model.safetensors", eagle3_keys("layers.0."),
         {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "draft_vocab_size": VD, "target_hidden_size": H,
          "norm_before_residual": False, "eagle_aux_hidden_state_layer_ids": [1, 3, 4]}),
-    ("speculators", "eagle3", "qwen3"): ("model.safetensors", eagle3_keys("layers.0.", qk_norm=True),
+    ("speculators", "eagle3-own", "qwen3"): ("model.safetensors", eagle3_keys("layers.0.", qk_norm=True),
         {"speculators_model_type": "eagle3", "draft_vocab_size": VD}),
+    **{(fmt, "eagle3", family): ("model.safetensors", eagle3_keys("layers.0." if fmt == "speculators" else "midlayer."),
+                                 LLAMA_LAYER[fmt]) for fmt in LLAMA_LAYER for family in ("qwen2", "qwen3", "mistral", "gemma")},
 }
 DTYPES = {"d2t": torch.int64, "t2d": torch.bool, "token_map": torch.int64}
 
@@ -205,7 +225,7 @@ DTYPES = {"d2t": torch.int64, "t2d": torch.bool, "token_map": torch.int64}
 @pytest.mark.parametrize("fmt,head,family", list(EXPECTED), ids=["-".join(k) for k in EXPECTED])
 def test_export_matches_what_the_loader_reads(fmt, head, family, natives, tmp_path):
     drafter, native = natives(family, head)
-    assert head != "eagle3" or drafter.config.feature_layers == [0, 2, 3]  # the default for a 4-layer target
+    assert not head.startswith("eagle3") or drafter.config.feature_layers == [0, 2, 3]  # the default for a 4-layer target
     out = export_drafter(native, fmt, tmp_path / "out")
     weights_file, shapes, fields = EXPECTED[fmt, head, family]
     tensors = load_file(str(out / weights_file))
@@ -215,7 +235,10 @@ def test_export_matches_what_the_loader_reads(fmt, head, family, natives, tmp_pa
         assert torch.isfinite(tensor.float()).all(), key
     config = json.loads((out / "config.json").read_text())
     for field, value in fields.items():
-        assert config[field] == value, field
+        if isinstance(value, dict) and field == "transformer_layer_config":
+            assert {k: config[field][k] for k in value} == value, field
+        else:
+            assert config[field] == value, field
     check_loader_traps(fmt, head, config)
 
 
@@ -227,7 +250,7 @@ def check_loader_traps(fmt, head, config):
     if (fmt, head.split("-")[0]) == ("vllm", "medusa"):
         # vLLM's MedusaConfig renames every key with 'num'+'heads' / 'num'+'layers': only ours may exist
         assert [k for k in config if "num" in k and ("heads" in k or "layers" in k)] == ["num_heads", "num_hidden_layers"]
-    if head in ("eagle", "eagle3") and fmt != "speculators":
+    if head.startswith("eagle") and fmt != "speculators":
         from transformers import AutoConfig
 
         parsed = AutoConfig.for_model(**config)  # the engines build a transformers config from it
@@ -482,31 +505,29 @@ def test_import_refuses_a_checkpoint_for_another_target(targets, natives, tmp_pa
 
 # ---- the speculators package itself ------------------------------------------------------------
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_speculators_package_loads_our_export(family, natives, tmp_path):
-    """Loads our speculators export with speculators.Eagle3DraftModel when the package is importable.
+SPECULATORS_CASES = [(family, head) for family, head, fmt in CASES if fmt == "speculators"]
+SPECULATORS_PYTHON = Path(__file__).resolve().parents[2] / ".venv-speculators" / "bin" / "python"
 
-    Its loader fills every weight it does not find with NaN, so all parameters must be finite and
-    equal to ours. Not installed by default: speculators 0.9.0 pins transformers<=5.19 and pulls a
-    CUDA torch; run with it on PYTHONPATH (see the issue-7 report) to exercise this.
-    """
-    try:
-        import speculators  # noqa: F401
-    except ImportError as e:
-        print(f"speculators not importable ({e}); skipping")
-        pytest.skip(f"speculators is not installed ({e})")
-    from speculators.models import Eagle3DraftModel
 
-    drafter, native = natives(family, "eagle3")
-    out = export_drafter(native, "speculators", tmp_path / "spec")
-    model = Eagle3DraftModel.from_pretrained(str(out))
-    ours = load_file(str(out / "model.safetensors"))
-    params = dict(model.named_parameters()) | dict(model.named_buffers())
-    for name, tensor in params.items():
-        if tensor.is_floating_point():
-            assert torch.isfinite(tensor).all(), name
-    for key, value in ours.items():
-        assert torch.equal(params[key].to(value.dtype), value), key
+def test_the_speculators_package_loads_every_eagle3_export(natives, tmp_path):
+    """speculators' own loader (Eagle3DraftModel.from_pretrained, in the second virtual environment `make` builds:
+    speculators pins its own transformers and torch) loads our export for every family and draft layer: every
+    parameter finite (it fills what it does not find with NaN) and equal to ours."""
+    if not SPECULATORS_PYTHON.is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"{SPECULATORS_PYTHON} is missing: CI runs `make test`, which builds it (make speculators-venv)")
+        pytest.skip("no .venv-speculators: run `make speculators-venv` (or `make test`) to check against speculators' loader")
+    folders = []
+    for family, head in SPECULATORS_CASES:
+        _, native = natives(family, head)
+        folders.append(str(export_drafter(native, "speculators", tmp_path / f"{family}-{head}")))
+    script = Path(__file__).resolve().parents[1] / "engines" / "speculators_check.py"
+    done = subprocess.run([str(SPECULATORS_PYTHON), str(script), *folders], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [r["folder"] for r in results] == folders
+    failed = {r["folder"]: r["problems"] for r in results if not r["ok"]}
+    assert not failed, failed
 
 
 def test_vllm_medusa_token_map_over_full_vocabulary_heads_loads_as_a_draft_vocabulary(targets, natives, tmp_path):
@@ -530,3 +551,93 @@ def test_vllm_medusa_token_map_over_full_vocabulary_heads_loads_as_a_draft_vocab
     with pytest.raises(DraftheadsError, match="truncated_vocab_size 100 < 384 but has no token_map"):
         load_drafter(folder, target)
     assert config["truncated_vocab_size"] == VD
+
+
+# ---- draft layer, rope scaling, dtype, draft length ------------------------------------------------
+
+def test_a_llama_layer_drafter_for_a_qwen3_target_is_what_the_public_checkpoints_are(targets, natives, tmp_path):
+    """SGLang's export of a Llama-layer drafter for Qwen3 is the shape of SpecForge's Qwen3 drafters: it loads as
+    head.init_from and as a drafter, with a Llama layer (no q/k norms)."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    drafter, native = natives("qwen3", "eagle3")
+    assert type(drafter.layer) is LlamaDecoderLayer
+    folder = export_drafter(native, "sglang", tmp_path / "sglang")
+    (folder / "draftheads_export.json").unlink()   # as a folder someone else wrote
+    loaded = load_drafter(folder, targets["qwen3"])
+    assert loaded.config.draft_layer == "llama" and type(loaded.layer) is LlamaDecoderLayer
+    started = build_drafter("eagle", targets["qwen3"], eagle3=True, init_from=str(folder))
+    for key, value in drafter.state_dict().items():
+        assert torch.equal(started.state_dict()[key], value), key
+
+
+def test_a_native_folder_saved_before_draft_layer_existed_keeps_the_targets_class(targets, natives, tmp_path):
+    drafter, native = natives("qwen3", "eagle3-own")
+    head = to_dict(drafter.config)
+    del head["draft_layer"]
+    old = edited_native(native, tmp_path / "old", head)
+    loaded = load_drafter(old, targets["qwen3"])
+    assert loaded.config.draft_layer == "target" and hasattr(loaded.layer.self_attn, "q_norm")
+    assert json.loads((export_drafter(old, "speculators", tmp_path / "spec") / "config.json").read_text())[
+        "transformer_layer_config"]["model_type"] == "qwen3"
+
+
+def test_draft_layer_applies_to_eagle3_only(targets):
+    with pytest.raises(DraftheadsError, match="head.draft_layer only applies with head.eagle3: true"):
+        build_drafter("eagle", targets["llama"], draft_layer="llama")
+
+
+LLAMA31_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 128}
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "sglang", "speculators"])
+def test_llama31_rope_scaling_reaches_every_engine(fmt, tokenizer, natives, tmp_path):
+    """SGLang (transformers 4.55) and older vLLM read rope_scaling, not rope_parameters: a Llama-3.1 drafter without
+    it would run there with plain RoPE, silently."""
+    target = make_target("llama", tokenizer, rope_parameters=dict(LLAMA31_ROPE))
+    target.save_pretrained(tmp_path / "target")
+    target.config._name_or_path = str(tmp_path / "target")
+    native = save_drafter(build_drafter("eagle", target, eagle3=True, draft_vocab_size=VD), tmp_path / "native", target=target)
+    config = json.loads((export_drafter(native, fmt, tmp_path / fmt) / "config.json").read_text())
+    layer = config["transformer_layer_config"] if fmt == "speculators" else config
+    scaling = {k: v for k, v in LLAMA31_ROPE.items() if k != "rope_theta"}
+    assert layer["rope_scaling"] == scaling and layer["rope_theta"] == 500000.0
+    assert layer["rope_parameters"]["rope_type"] == "llama3"
+    _, default = natives("llama", "eagle3")          # plain RoPE: rope_scaling null, as transformers 4 wrote it
+    config = json.loads((export_drafter(default, fmt, tmp_path / "default") / "config.json").read_text())
+    assert (config["transformer_layer_config"] if fmt == "speculators" else config)["rope_scaling"] is None
+
+
+@pytest.mark.parametrize("dtype,torch_dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_export_dtype_casts_the_weights_and_says_so(dtype, torch_dtype, targets, natives, tmp_path):
+    drafter, native = natives("qwen3", "eagle3")
+    out = export_drafter(native, "vllm", tmp_path / "vllm", dtype=dtype)
+    tensors = load_file(str(out / "model.safetensors"))
+    for key, tensor in tensors.items():
+        assert tensor.dtype == DTYPES.get(key, torch_dtype), key
+    config = json.loads((out / "config.json").read_text())
+    assert config["torch_dtype"] == str(torch_dtype).removeprefix("torch.")
+    loaded = load_drafter(out, targets["qwen3"]).state_dict()
+    for key, value in drafter.state_dict().items():
+        if value.is_floating_point():
+            assert torch.equal(loaded[key], value.to(torch_dtype).float()), key
+    native_out = export_drafter(native, "native", tmp_path / "native", dtype=dtype)
+    assert {t.dtype for t in load_file(str(native_out / "model.safetensors")).values() if t.is_floating_point()} == {torch_dtype}
+    with pytest.raises(DraftheadsError, match="unknown export dtype 'int8'; use one of bf16, fp16, fp32"):
+        export_drafter(native, "vllm", tmp_path / "bad", dtype="int8")
+
+
+def test_speculative_tokens_are_the_trained_length_unless_given(targets, tmp_path):
+    target = targets["llama"]
+    drafter = build_drafter("eagle", target, eagle3=True, draft_vocab_size=VD, ttt_steps=3, default_tree="dynamic:8,6,48")
+    native = save_drafter(drafter, tmp_path / "native", target=target)
+
+    def tokens(out, **kw):
+        config = json.loads((export_drafter(native, "speculators", tmp_path / out, **kw) / "config.json").read_text())
+        return config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+
+    assert tokens("a") == 3                          # the training-time-test unroll, not the wide tree's depth 6
+    assert tokens("b", speculative_tokens=5) == 5
+    with pytest.raises(DraftheadsError, match="--speculative-tokens must be at least 1"):
+        tokens("c", speculative_tokens=0)

@@ -168,16 +168,53 @@ def test_plain_text_template_falls_back_to_diffing_renders():
     assert tok.decode([t for t, m in zip(chat.input_ids, chat.loss_mask) if not m]).count("user:") == 2
 
 
-def test_unstable_template_stops_instead_of_guessing():
-    """A template that re-renders earlier turns differently cannot be replayed: the row keeps turn 1 only."""
+# Qwen3's way, cut down: an answer's thinking is dropped once a later turn follows it, and enable_thinking=false
+# writes an empty thinking block into the generation prompt.
+QWEN3_STYLE = (
+    "{%- for m in messages -%}"
+    "{%- set content = m['content'] -%}"
+    "{%- if m['role'] == 'assistant' and not loop.last and '</think>' in content -%}"
+    "{%- set content = content.split('</think>')[-1] | trim -%}{%- endif -%}"
+    "{{ '<|im_start|>' + m['role'] + '\n' + content + '<|im_end|>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}{{ '<think>\n\n</think>\n\n' }}{%- endif -%}"
+    "{%- endif -%}"
+)
+
+
+def test_a_template_that_rewrites_earlier_turns_gives_one_exact_row_per_turn():
+    """Each later turn is answered from the context the template renders for it (the first answer's thinking
+    gone), in its own row; only that turn's answer is trained, the tokens exactly as generated."""
     tok = make_tokenizer("chatml")
-    tok.chat_template = ("{{ 'turns=' + (messages | length | string) + '\n' }}"
-                         "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '<|im_end|>' }}{% endfor %}"
-                         "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}")
-    replies = replies_for(tok, "<|im_end|>")
-    assert next_turn_ids(tok, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], "c", end_of_turn_id(tok)) is None
+    tok.chat_template = QWEN3_STYLE
+    end = sid(tok, "<|im_end|>")
+    replies = [enc(tok, "<think>add them</think>\n\n" + REPLY_TEXTS[0]) + [end], enc(tok, REPLY_TEXTS[1]) + [end]]
+    assert next_turn_ids(tok, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "<think>x</think>b"}],
+                         "c", end) is None
     chat = build_row(tok, USERS, replies)
-    assert chat.answered == 1 and chat.stopped == "later turns dropped: chat template is not incremental"
+    assert chat.answered == 2 and chat.stopped is None
+    (first, first_mask), (second, second_mask) = chat.rows()
+    assert [t for t, m in zip(first, first_mask) if m] == replies[0]
+    assert first == render_ids(tok, [{"role": "user", "content": USERS[0]}], True) + replies[0]
+    context = render_ids(tok, [{"role": "user", "content": USERS[0]}, {"role": "assistant", "content": tok.decode(
+        replies[0][:-1])}, {"role": "user", "content": USERS[1]}], True)
+    assert "add them" not in tok.decode(context) and second == context + replies[1]
+    assert second_mask == [0] * len(context) + [1] * len(replies[1])
+
+
+def test_chat_template_kwargs_become_template_variables():
+    from draftheads.training.target import attach_chat_template
+
+    tok = make_tokenizer("chatml")
+    attach_chat_template(tok, QWEN3_STYLE, "fixture", {"enable_thinking": False})
+    prompt = tok.decode(start_chat(tok, 0, USERS[:1], None, 1024).input_ids)
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    plain = make_tokenizer("chatml")
+    attach_chat_template(plain, QWEN3_STYLE, "fixture")
+    assert tok.decode(start_chat(plain, 0, USERS[:1], None, 1024).input_ids).endswith("assistant\n")
+    with pytest.raises(DraftheadsError, match="'not-a-name' is not a template variable name"):
+        attach_chat_template(make_tokenizer("chatml"), QWEN3_STYLE, "fixture", {"not-a-name": 1})
 
 
 def test_template_errors_are_one_line():

@@ -108,6 +108,30 @@ def test_time_budget_stops_cleanly_and_says_so(tmp_path, data_dir, llama_target,
     assert "time budget" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("form", ["vocab_mapping.pt", "d2t.npy", "drafter"])
+def test_a_draft_vocabulary_from_specforge_speculators_or_a_run_is_reused_exactly(form, tmp_path, data_dir, llama_target):
+    from safetensors.torch import load_file
+
+    from draftheads.interop.vocab_mapping import write_vocab_mappings
+
+    vocab = llama_target.config.vocab_size
+    chosen = torch.randperm(vocab, generator=torch.Generator().manual_seed(1))[:32].sort().values
+    d2t = chosen - torch.arange(32)
+    (tmp_path / "maps").mkdir()
+    write_vocab_mappings(tmp_path / "maps", d2t, vocab)
+    head = {"type": "eagle", "eagle3": True, "draft_vocab_size": 32}
+    source = tmp_path / "maps" / form
+    if form == "drafter":   # an earlier run of ours, whose vocabulary came from the SpecForge file
+        source = run_training(tiny_recipe(data_dir, tmp_path / "first", head, max_steps=1,
+                                          draft_vocab_from=str(tmp_path / "maps" / "vocab_mapping.pt")), target=llama_target)
+    run_dir = run_training(tiny_recipe(data_dir, tmp_path / "run", head, max_steps=1, draft_vocab_from=str(source)),
+                           target=llama_target)
+    assert torch.equal(load_file(str(run_dir / "final" / "drafter" / "model.safetensors"))["d2t"], d2t)
+    with pytest.raises(DraftheadsError, match="holds 32 tokens but head.draft_vocab_size is 16; set head.draft_vocab_size: 32"):
+        run_training(tiny_recipe(data_dir, tmp_path / "bad", {**head, "draft_vocab_size": 16}, max_steps=1,
+                                 draft_vocab_from=str(source)), target=llama_target)
+
+
 def test_eagle3_draft_vocabulary_is_the_most_frequent_loss_masked_tokens(tmp_path, data_dir, llama_target):
     from safetensors.torch import load_file
 

@@ -195,3 +195,13 @@ def test_self_prompts_through_completions(tmp_path, target):
         led = openai_backend.OpenAIBackend(tok, data, model="tiny").write(2, max_tokens=5, temperature=1.0, seed=0, lead="Write a")
         assert all(body["prompt"] == "<|im_start|>user\nWrite a" for _, body in server.requests)
     assert all(text.startswith("Write a") for text, _ in led)
+
+
+def test_chat_template_kwargs_reach_the_server_with_every_request(tmp_path, target):
+    model, tok = target
+    source = prompt_file(tmp_path, [{"prompt": "def add(a, b):"}, {"prompt": "class Stack:"}])
+    with TinyServer(model, tok) as server:
+        datagen.run_data(openai_recipe(tmp_path, server.url, source, num_prompts=2, chat_template_kwargs={"enable_thinking": False}),
+                         target=target)
+        chats = [body for path, body in server.requests if path.endswith("/chat/completions")]
+    assert len(chats) == 2 and all(body["chat_template_kwargs"] == {"enable_thinking": False} for body in chats)
