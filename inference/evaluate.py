@@ -106,7 +106,7 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
         "cost_profile": {"key": profile.key, "created": profile.created},
         **results_section(found, entries, conversations, skipped, rows),
     }
-    report["plots"] = write_plots(folder, rows) if rows else []
+    report["plots"] = write_plots(folder, rows, report["by_kind"]) if rows else []
     write_report(folder, report)
     print(format_table(rows))
     if report["batch_curve"]:
@@ -130,7 +130,22 @@ def results_section(found: dict[int, Measurements], entries, conversations, skip
             plain[name] = GenerationStats.merged(o.stats for o in runs).summary()
     return {"drafters": [entry_info(e) for e in entries], "prompt_count": len(conversations),
             "prompts_skipped": sum(skipped.values()), "skipped_reasons": skipped, "plain": plain, "results": rows,
-            "batch_curve": batch_curve(rows) if set(found) != {1} else []}
+            "batch_curve": batch_curve(rows) if set(found) != {1} else [],
+            "by_kind": kind_rows(found[min(found)], entries, conversations)}
+
+
+def kind_rows(found: Measurements, entries: list[Entry], conversations) -> list[dict]:
+    """The table's rows again for each task kind of the prompts (none when they have no kinds), from the same runs."""
+    kinds = sorted({c.kind for c in conversations if c.kind})
+    rows = []
+    for kind in kinds:
+        keep = [i for i, c in enumerate(conversations) if c.kind == kind]
+        part = Measurements({key: [runs[i] for i in keep] for key, runs in found.plain.items()},
+                            {key: [runs[i] for i in keep] for key, runs in found.spec.items()})
+        configs = list(dict.fromkeys(cfg for _, cfg in found.spec))
+        for row in build_rows(part, entries, configs, [conversations[i] for i in keep]):
+            rows.append({"task_kind": kind, "task_prompts": len(keep), **row})
+    return rows
 
 
 def check_settings(accept, temperatures, max_new_tokens: int, limit) -> None:
@@ -438,7 +453,7 @@ def load_conversations(source: str, limit: int | None, tokenizer, settings: Eval
 def fitting(prompts, first_id: int, tokenizer, settings: EvalSettings) -> tuple[list[Conversation], dict]:
     conversations, skipped = [], {}
     for i, prompt in enumerate(prompts, start=first_id):
-        conv = Conversation(i, list(prompt.turns), prompt.system)
+        conv = Conversation(i, list(prompt.turns), prompt.system, prompt.kind)
         # Room for the first reply; later turns end the conversation early when they no longer fit.
         chat = first_chat(tokenizer, conv, settings)
         if chat.stopped or len(chat.input_ids) + settings.max_new_tokens > settings.max_length:

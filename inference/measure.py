@@ -71,6 +71,7 @@ class Conversation:
     prompt_id: int
     users: list[str]
     system: str | None
+    kind: str = ""   # the prompt set's task kind ('tasks'), for the report's breakdown
 
 
 @dataclass
@@ -163,7 +164,7 @@ def warm_up(model, tokenizer, convs: list[Conversation], entries: list[Entry], s
     """A few untimed tokens with each drafter at the smallest and the largest batch, so one-off costs
     (allocations, kernels) stay out of the numbers."""
     cfg = RunConfig("greedy", 0.0)
-    first_turns = [Conversation(c.prompt_id, c.users[:1], c.system) for c in convs]
+    first_turns = [Conversation(c.prompt_id, c.users[:1], c.system, c.kind) for c in convs]
     for size in sorted({min(batch_sizes), max(batch_sizes)}):
         for entry in [None] + entries:
             generate_conversations(model, tokenizer, first_turns[:size], entry, cfg, settings,

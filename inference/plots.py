@@ -127,9 +127,10 @@ PLOTS = {
 }
 
 
-def write_plots(folder: Path, rows: list[dict]) -> list[str]:
+def write_plots(folder: Path, rows: list[dict], by_kind: list[dict] = ()) -> list[str]:
     """Every plot of the report into `folder`; returns the file names written. The per-temperature plots show
-    the smallest batch size measured (acceptance does not depend on it); the batch plot all of them."""
+    the smallest batch size measured (acceptance does not depend on it); the batch plot all of them; the task-kind
+    plot the rows broken down by kind, when the prompts have kinds."""
     folder.mkdir(parents=True, exist_ok=True)
     smallest = min(r.get("batch_size", 1) for r in rows)
     for name, plot in PLOTS.items():
@@ -138,4 +139,26 @@ def write_plots(folder: Path, rows: list[dict]) -> list[str]:
     if len({r.get("batch_size", 1) for r in rows}) > 1:
         plot_speedup_vs_batch(rows, folder / "speedup_vs_batch.png")
         names.append("speedup_vs_batch.png")
+    if by_kind:
+        plot_tau_per_kind(list(by_kind), folder / "tau_per_task_kind.png")
+        names.append("tau_per_task_kind.png")
     return names
+
+
+def plot_tau_per_kind(rows: list[dict], path: Path) -> None:
+    """tau per task kind, one bar per drafter/rule/temperature in each kind's group."""
+    plt = _pyplot()
+    kinds = list(dict.fromkeys(r["task_kind"] for r in rows))
+    series = list(dict.fromkeys(label(r) for r in rows))
+    tau = {(r["task_kind"], label(r)): r["tau"] for r in rows}
+    width = 0.8 / max(1, len(series))
+    fig, ax = plt.subplots(figsize=(max(7, 1.2 * len(kinds)), 4.5))
+    for j, name in enumerate(series):
+        xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(kinds))]
+        ax.bar(xs, [tau.get((k, name), 0) for k in kinds], width=width, label=name)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(kinds)), kinds, rotation=20)
+    ax.set(ylabel="tau (tokens per target forward, bonus included)", title="tau per task kind")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7)
+    save(plt, fig, path)

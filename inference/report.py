@@ -256,6 +256,18 @@ def format_batch_table(curves: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def format_kind_table(rows: list[dict]) -> str:
+    """One line per task kind x drafter x rule x temperature, prompt lookup's tau of the same kind and rule beside."""
+    lookup = {(r["task_kind"], r["rule"], r["temperature"]): r["tau"] for r in rows if r["kind"] == "lookup"}
+    lines = ["| task kind | prompts | drafter | rule | T | tau | accept/depth | speedup | lookup tau |", "|" + "---|" * 9]
+    for r in rows:
+        rates = "/".join(f"{a:.2f}" for a in r["acceptance_rates"]) or "-"
+        lines.append(f"| {r['task_kind']} | {r['task_prompts']} | {r['drafter']} | {r['rule']} | {r['temperature']:g} | "
+                     f"{_f(r['tau'])} | {rates} | {_f(r['speedup'], '.2f', 'x')} | "
+                     f"{_f(lookup.get((r['task_kind'], r['rule'], r['temperature'])))} |")
+    return "\n".join(lines)
+
+
 def format_quality(rows: list[dict]) -> str | None:
     """Mean target log-probability per generated token, spec outputs vs plain sampling (sampled rules only)."""
     rated = [r for r in rows if r.get("logprob_spec") is not None]
@@ -306,6 +318,10 @@ def format_markdown(report: dict) -> str:
                 "'stops paying at': the smallest batch size measured whose speedup is below 1; `--plain-above N` "
                 "(eval.plain_above) decodes plainly while more than N rows are generating.", "",
                 format_batch_table(report["batch_curve"])]
+    if report.get("by_kind"):
+        out += ["", "## By task kind", "",
+                "The same runs, each kind's prompts on their own: tau, acceptance per depth and speedup of every drafter, "
+                "with prompt lookup's tau on the same prompts beside it.", "", format_kind_table(report["by_kind"])]
     quality = format_quality(report["results"])
     if quality:
         out += ["", "## Quality of sampled outputs", "",

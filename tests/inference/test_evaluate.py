@@ -322,6 +322,23 @@ def test_tau_from_an_earlier_report_feeds_the_prediction_of_matching_rows(eagle_
         run_eval([str(folder)], out=str(tmp_path / "third"), tau_from=str(tmp_path / "bad.json"), **common)
 
 
+def test_tasks_prompts_are_broken_down_by_kind_from_the_same_runs(eagle_run, tmp_path):
+    folder, _ = eagle_run
+    out = run_eval([str(folder)], target_model=fixture(), prompts="tasks", limit=8, tree="chain:2", max_new_tokens=4,
+                   out=str(tmp_path / "eval"), progress=False)
+    report = json.loads((out / "report.json").read_text())
+    by_kind = report["by_kind"]
+    kinds = {r["task_kind"] for r in by_kind}
+    assert len(kinds) >= 5 and "multi-turn" in kinds   # the fixture's 512-token context skips the long passages
+    assert sum(r["task_prompts"] for r in by_kind if r["drafter"] == "prompt-lookup") == report["prompt_count"]
+    for total in report["results"]:   # the kinds partition the same runs
+        parts = [r for r in by_kind if (r["drafter"], r["rule"]) == (total["drafter"], total["rule"])]
+        assert sum(r["new_tokens"] for r in parts) == total["new_tokens"]
+    md = (out / "report.md").read_text()
+    assert "## By task kind" in md and "| multi-turn |" in md and "tau_per_task_kind.png" in report["plots"]
+    assert (out / "tau_per_task_kind.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_run_eval_rejects_bad_settings(eagle_run, tmp_path):
     from draftheads.api import build_drafter
     from draftheads.interop.native import save_drafter
