@@ -17,7 +17,13 @@ speculators-venv: $(SPECULATORS_VENV)/.installed
 $(SPECULATORS_VENV)/.installed: Makefile
 	$(PYTHON) -m venv $(SPECULATORS_VENV)
 	$(SPECULATORS_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(SPECULATORS_VENV)/bin/python -m pip install --quiet "speculators==0.9.0" "transformers==5.19.0"
+	$(SPECULATORS_VENV)/bin/python -m pip install --quiet "$(TORCH)"
+	# without --no-deps pip pulls a CUDA torch (6 GB) and torchvision/torchaudio, which loading a drafter never imports
+	$(SPECULATORS_VENV)/bin/python -m pip install --quiet --no-deps "speculators==0.9.0" "hs-connectors==0.9.0"
+	$(SPECULATORS_VENV)/bin/python -m pip install --quiet "transformers==5.19.0" "datasets>=4.0,<=5.1.0" "numpy>=2.0,<=2.5.4" \
+		"tqdm>=4.66.3,<=4.70.1" "loguru>=0.7.2,<=0.7.3" safetensors huggingface-hub pydantic pydantic-settings rich typer \
+		click httpx aiohttp openai protobuf psutil
+	$(SPECULATORS_VENV)/bin/python -c "import speculators.models, torch; assert not torch.version.cuda"
 	touch $@
 
 $(VENV)/.installed: pyproject.toml Makefile

@@ -236,13 +236,16 @@ def read_eagle3(config: dict, tensors: dict, target) -> tuple[dict, dict]:
         state["d2t"] = torch.zeros(size, dtype=torch.long)
     if "t2d" not in state:
         state["t2d"] = draft_vocab.members(state["d2t"], vocab)
-    return {"type": "eagle", "eagle3": True, "feature_layers": layers, "draft_vocab_size": size,
-            "draft_layer": draft_layer_kind(state)}, state
+    head = {"type": "eagle", "eagle3": True, "feature_layers": layers, "draft_vocab_size": size}
+    if has_own_layer(state):
+        head["draft_layer"] = "target"
+    return head, state
 
 
-def draft_layer_kind(state: dict) -> str:
-    """'llama' for a checkpoint with a Llama-shaped layer (no q/k norms, no attention biases): what SGLang, vLLM,
-    SpecForge and speculators' default write, whatever the target; 'target' for one of the target's own class."""
-    own = any(key.startswith("layer.") and ("q_norm" in key or "k_norm" in key or key.endswith("_proj.bias")) for key in state)
-    return "target" if own else "llama"
+def has_own_layer(state: dict) -> bool:
+    """Whether the checkpoint's layer has what only a target's own class holds (q/k norms, attention biases).
+    Otherwise it is Llama-shaped, what SGLang, vLLM, SpecForge and speculators' default write whatever the target,
+    and loads as the Llama layer, unless our draftheads_export.json says it was the target's own (for a Llama or
+    Mistral target the two hold the same tensors)."""
+    return any(key.startswith("layer.") and ("q_norm" in key or "k_norm" in key or key.endswith("_proj.bias")) for key in state)
 

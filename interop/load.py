@@ -23,7 +23,7 @@ from draftheads.interop import tgi, vllm
 from draftheads.interop.eagle_layout import EAGLE3_ARCHS, EAGLE_ARCHS, eagle_from_engine, read_eagle3
 from draftheads.interop.native import FORMAT, PROVENANCE, load_native, read_config, read_weights, resolve_drafter_folder
 
-STRUCTURE = {"medusa": ("type", "num_heads", "num_layers", "lm_head", "draft_vocab_size"), "eagle": ("type", "eagle3", "feature_layers", "draft_vocab_size", "draft_layer")}
+STRUCTURE = {"medusa": ("type", "num_heads", "num_layers", "lm_head", "draft_vocab_size"), "eagle": ("type", "eagle3", "feature_layers", "draft_vocab_size")}
 
 
 def load_drafter(path, target):
@@ -111,7 +111,7 @@ def with_saved_settings(folder: Path, head: dict) -> dict:
     if saved.get("type") != head["type"]:
         return head
     structure = STRUCTURE[head["type"]]
-    return {**{k: v for k, v in saved.items() if k not in structure}, **head}
+    return {**{k: v for k, v in saved.items() if k not in structure}, **head}   # a draft_layer found in the folder wins
 
 
 def load_strict(module: torch.nn.Module, state: dict, folder: Path) -> None:

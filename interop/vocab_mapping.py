@@ -21,6 +21,7 @@ import torch
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.heads import draft_vocab
+from draftheads.interop.native import WEIGHTS, resolve_drafter_folder
 
 SPECFORGE_FILE, D2T_FILE, T2D_FILE = "vocab_mapping.pt", "d2t.npy", "t2d.npy"
 
@@ -46,8 +47,6 @@ def read_vocab_mapping(path: str, vocab_size: int) -> torch.Tensor:
 
 def _read(where: Path) -> tuple[torch.Tensor, torch.Tensor | None]:
     if where.is_dir():   # a drafter or run folder of ours
-        from draftheads.interop.native import WEIGHTS, resolve_drafter_folder
-
         where = resolve_drafter_folder(where) / WEIGHTS
     if where.suffix == ".safetensors":
         from safetensors.torch import load_file

@@ -36,9 +36,9 @@ def check_trackers(names: list[str]) -> list[str]:
     for name in names:
         package = PACKAGES[name]
         if importlib.util.find_spec(package) is None:
-            install = "draftheads[wandb]" if name == "wandb" else package
+            install = "'draftheads[wandb]'" if name == "wandb" else package
             raise DraftheadsError(f"log.trackers includes '{name}' but the {package} package is not installed; "
-                                  f"pip install '{install}', or remove it from log.trackers")
+                                  f"pip install {install}, or remove it from log.trackers")
     return list(names)
 
 

@@ -68,7 +68,12 @@ def reference_logits(drafter, features, next_tokens, path):
 def test_from_target_wiring(tiny_target, eagle3):
     drafter = make_drafter(tiny_target, eagle3)
     hidden, vocab, layers = tiny_target.config.hidden_size, tiny_target.config.vocab_size, tiny_target.config.num_hidden_layers
-    assert type(drafter.layer) is decoder_layer_class(tiny_target.config) is type(tiny_target.model.layers[0])
+    if eagle3:   # EAGLE-3's layer is a Llama layer by default, the class every engine builds
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+        assert type(drafter.layer) is LlamaDecoderLayer and drafter.config.draft_layer == "llama"
+    else:
+        assert type(drafter.layer) is decoder_layer_class(tiny_target.config) is type(tiny_target.model.layers[0])
     target_params = {id(p) for p in tiny_target.parameters()}
     assert not target_params & {id(p) for p in drafter.parameters()}
     assert not any(k.startswith(("_embed", "_lm_head", "embed_tokens")) for k in drafter.state_dict())

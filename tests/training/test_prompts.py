@@ -139,7 +139,8 @@ def test_tasks_set_cycles_through_eight_kinds_and_is_never_trained_on():
     assert len(kinds) == 8 and set(kinds.values()) == {10}
     assert len({p.kind for p in load_source(PromptSource(source="tasks", limit=16))}) == 8   # 2 of each kind
     assert all(len(p.turns) == 2 for p in prompts if p.kind == "multi-turn")
-    assert min(len(p.turns[0]) for p in prompts if p.kind in ("summarization", "retrieval")) > 1000   # long passages
+    assert min(len(p.turns[0]) for p in prompts if p.kind == "summarization") > 1000     # long passages
+    assert min(len(p.turns[0]) for p in prompts if p.kind == "retrieval") > 500         # three documents each
     assert len({tuple(p.turns) for p in prompts}) == 80
     with pytest.raises(DraftheadsError, match="bundled evaluation set and is never trained on"):
         collect_prompts(DataConfig(prompts=[PromptSource(source="tasks")], num_prompts=4))
