@@ -33,8 +33,9 @@ def test_interpolation_is_linear_between_points_and_extends_the_end_lines():
 
 
 def test_target_profile_reads_a_grid_by_queries_and_context():
-    profile = TargetProfile({}, [0, 100], [1, 10], [[1.0, 2.0], [3.0, 5.0]])
-    assert profile.forward(10, 50) == pytest.approx(3.5) and profile.decode_step(100) == 3.0
+    profile = TargetProfile({}, [0, 100, 200], [1, 10], [[1.0, 2.0], [3.0, 5.0], [4.0, 7.0]])
+    assert profile.forward(10, 150) == pytest.approx(6.0) and profile.decode_step(100) == 3.0
+    assert profile.forward(10, 50) == 5.0   # below the shortest cache: its row, never the prefill row (another path)
     assert profile.prefill(10) == 2.0 and profile.rule("strict T=1 k=0 p=1", 4) == 0.0   # unmeasured rule: no cost
 
 
