@@ -68,7 +68,7 @@ def reference_logits(drafter, features, next_tokens, path):
 def test_from_target_wiring(tiny_target, eagle3):
     drafter = make_drafter(tiny_target, eagle3)
     hidden, vocab, layers = tiny_target.config.hidden_size, tiny_target.config.vocab_size, tiny_target.config.num_hidden_layers
-    if eagle3:   # EAGLE-3's layer is a Llama layer by default, the class every engine builds
+    if eagle3 is True:   # EAGLE-3's layer is a Llama layer by default, the class every engine builds
         from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
         assert type(drafter.layer) is LlamaDecoderLayer and drafter.config.draft_layer == "llama"
