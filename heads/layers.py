@@ -34,9 +34,6 @@ def draft_layer_config(target_config):
     return config
 
 
-DRAFT_LAYERS = ("llama", "target")
-
-
 def build_decoder_layer(target_config, kind: str = "target") -> nn.Module:
     """A freshly initialised decoder layer (layer index 0 of its own cache): of the target's class ('target'), or a
     Llama layer with the target's sizes ('llama', the layer every engine's EAGLE-3 class builds)."""

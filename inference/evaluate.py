@@ -137,12 +137,12 @@ def results_section(found: dict[int, Measurements], entries, conversations, skip
 def kind_rows(found: Measurements, entries: list[Entry], conversations) -> list[dict]:
     """The table's rows again for each task kind of the prompts (none when they have no kinds), from the same runs."""
     kinds = sorted({c.kind for c in conversations if c.kind})
+    configs = list(dict.fromkeys(cfg for _, cfg in found.spec))
     rows = []
     for kind in kinds:
         keep = [i for i, c in enumerate(conversations) if c.kind == kind]
         part = Measurements({key: [runs[i] for i in keep] for key, runs in found.plain.items()},
                             {key: [runs[i] for i in keep] for key, runs in found.spec.items()})
-        configs = list(dict.fromkeys(cfg for _, cfg in found.spec))
         for row in build_rows(part, entries, configs, [conversations[i] for i in keep]):
             rows.append({"task_kind": kind, "task_prompts": len(keep), **row})
     return rows
@@ -191,9 +191,13 @@ def load_eval_target(spec: str | None, dtype: str, drafters: list[str], target_m
 
 def saved_template_kwargs(drafters: list[str]) -> dict:
     """data.chat_template_kwargs of the recipe the first learned drafter was trained with ({} when none)."""
+    return dict(((first_run_recipe(drafters) or {}).get("data") or {}).get("chat_template_kwargs") or {})
+
+
+def first_run_recipe(drafters: list[str]) -> dict | None:
+    """The recipe saved with the first learned drafter's run (None: prompt lookup only, or a folder without its run)."""
     paths = learned_paths(drafters)
-    saved = run_recipe(resolve_drafter_folder(paths[0])) if paths else None
-    return dict(((saved or {}).get("data") or {}).get("chat_template_kwargs") or {})
+    return run_recipe(resolve_drafter_folder(paths[0])) if paths else None
 
 
 def learned_paths(specs: list[str]) -> list[str]:
@@ -214,8 +218,7 @@ def saved_target_name(drafters: list[str]) -> str | None:
 def saved_eval_settings(drafters: list[str]):
     """The eval: section of the recipe saved with the first learned drafter's run, else EvalConfig's defaults
     (prompt lookup only, a drafter folder without its run, a run whose recipe has no eval section)."""
-    paths = learned_paths(drafters)
-    saved = run_recipe(resolve_drafter_folder(paths[0])) if paths else None
+    saved = first_run_recipe(drafters)
     return build(EvalConfig, saved["eval"], "eval") if saved and saved.get("eval") else EvalConfig()
 
 

@@ -20,6 +20,7 @@ import torch
 from draftheads.core.errors import DraftheadsError
 from draftheads.heads import draft_vocab
 from draftheads.heads.common import target_dims
+from draftheads.heads.layers import full_attention_rope
 from draftheads.interop.layout import Tensor
 
 ATTN = ("q_proj", "k_proj", "v_proj")
@@ -181,9 +182,9 @@ def engine_layer_config(target, model_type: str, architectures: list[str], dtype
     """A one-layer config of `model_type` carrying the target's attention, MLP, rope and norm sizes."""
     d = {k: getattr(target, k) for k in LAYER_FIELDS if getattr(target, k, None) is not None}
     d.setdefault("head_dim", target.hidden_size // target.num_attention_heads)
-    rope = d.get("rope_parameters") or {}
-    if isinstance(rope, dict) and "full_attention" in rope:   # Gemma 3: one set per layer type; the draft layer is full
-        rope = d["rope_parameters"] = rope["full_attention"]
+    rope = full_attention_rope(target) or {}   # Gemma 3 keeps one set per layer type; the draft layer is full attention
+    if "rope_parameters" in d:
+        d["rope_parameters"] = rope
     if "rope_theta" in rope or getattr(target, "rope_theta", None) is not None:
         d["rope_theta"] = rope.get("rope_theta", getattr(target, "rope_theta", None))  # older loaders read rope_theta
     d["rope_scaling"] = rope_scaling(rope)
