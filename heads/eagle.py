@@ -38,7 +38,9 @@ class EagleConfig:
 
     type: Literal["eagle"] = doc("eagle", "head type")
     eagle3: bool = doc(False, "EAGLE-3: fused low/mid/high features, training-time test, reduced draft vocabulary")
-    feature_layers: list[int] | None = doc(None, "EAGLE-3: target layers whose outputs are fused (default {2, N//2, N-3})")
+    feature_layers: list[int] | None = doc(None, "EAGLE-3: the target layers whose OUTPUTS are fused, in increasing order (default "
+                                                 "{1, N//2-1, N-4}: the inputs of layers {2, N//2, N-3}, the engines' default "
+                                                 "eagle_aux_hidden_state_layer_ids)")
     draft_vocab_size: int | None = doc(None, "draft only among this many most frequent target-generated tokens. EAGLE-3: its own "
                                              "lm_head (default min(32000, target vocab)); EAGLE-1/2: rows of the target's lm_head "
                                              "(default: the full vocabulary), making each draft step several times cheaper")
@@ -68,6 +70,9 @@ class EagleConfig:
         if self.feature_layers is not None:
             check(len(self.feature_layers) == 3, f"head.feature_layers must list 3 target layers, got {len(self.feature_layers)}")
             check(self.eagle3, "head.feature_layers only applies with head.eagle3: true")
+            # engines capture the layers in layer order: an unsorted list would silently permute fc's input columns
+            check(list(self.feature_layers) == sorted(set(self.feature_layers)),
+                  f"head.feature_layers must be 3 different layers in increasing order, got {list(self.feature_layers)}")
 
     def resolve(self, num_layers: int, vocab_size: int) -> None:
         """Fill the values derived from the target and check those that depend on it."""
@@ -78,7 +83,7 @@ class EagleConfig:
         if self.draft_layer is None:
             self.draft_layer = "llama"
         if self.feature_layers is None:
-            self.feature_layers = [2, num_layers // 2, num_layers - 3] if num_layers >= 6 else [0, num_layers // 2, num_layers - 1]
+            self.feature_layers = default_feature_layers(num_layers)
         for layer in self.feature_layers:
             check(0 <= layer < num_layers, f"head.feature_layers: layer {layer} does not exist (the target has {num_layers} layers)")
         if self.draft_vocab_size is None:
@@ -88,6 +93,17 @@ class EagleConfig:
     @property
     def depth(self) -> int:
         return MAX_TTT_STEPS  # autoregressive: any draft depth
+
+
+def default_feature_layers(num_layers: int) -> list[int]:
+    """The layers whose outputs EAGLE-3 fuses by default: the inputs of layers (2, N//2, N-3), which vLLM, SGLang,
+    SpecForge and llama.cpp capture when a drafter names none; on targets too shallow for three different ones of
+    those, three spread over the layers below the last."""
+    engines = [2 - 1, num_layers // 2 - 1, num_layers - 3 - 1]
+    if len(set(engines)) == 3 and engines[0] < engines[1] < engines[2]:
+        return engines
+    check(num_layers >= 3, f"EAGLE-3 fuses three different target layers; this target has only {num_layers}")
+    return [0, (num_layers - 1) // 2, num_layers - 2] if num_layers >= 4 else [0, 1, 2]
 
 
 class EagleDrafter(nn.Module):

@@ -3,8 +3,8 @@ via Training-Time Test".
 
 [h_low; h_mid; h_high] [b, s, 3H] -> fc -> decoder layer over [norm(emb); norm(h)] (2H) -> norm -> draft lm_head
 
-The fused features are the target's hidden states entering three of its layers (config
-`feature_layers`, default {2, N//2, N-3}, counted as engines count them). The layer is the target's
+The fused features are the outputs of three target layers (config `feature_layers`, default
+{1, N//2-1, N-4}: the hidden states entering layers {2, N//2, N-3}, the engines' default). The layer is the target's
 own class with q/k/v widened to 2H inputs; its residual stream stays the H-wide hidden state. The
 output head is the drafter's own, over a draft vocabulary (d2t/t2d, heads/draft_vocab.py), started
 as the target's rows for it. Loss per unroll step j (heads/draft_layer.py): soft CE against the

@@ -20,6 +20,7 @@ import torch
 from draftheads.core.errors import DraftheadsError
 from draftheads.heads import draft_vocab
 from draftheads.heads.common import target_dims
+from draftheads.heads.eagle import default_feature_layers
 from draftheads.heads.layers import full_attention_rope
 from draftheads.interop.layout import Tensor
 
@@ -228,7 +229,7 @@ def read_eagle3(config: dict, tensors: dict, target) -> tuple[dict, dict]:
     elif config.get("eagle_aux_hidden_state_layer_ids"):
         layers = [i - 1 for i in config["eagle_aux_hidden_state_layer_ids"]]  # vLLM / speculators: hidden_states index
     else:
-        layers = [1, num_layers // 2 - 1, num_layers - 4]  # the engines' default ids (2, N//2, N-3) are layer inputs
+        layers = default_feature_layers(num_layers)  # the engines' default ids (2, N//2, N-3) are layer inputs
     if "lm_head.weight" not in state:
         raise DraftheadsError("this EAGLE-3 folder has no lm_head.weight; it cannot be loaded")
     vocab = target_dims(target.config).vocab_size

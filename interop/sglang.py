@@ -36,6 +36,7 @@ LAYOUTS = (
             "model_type": "llama", "num_hidden_layers": "1 (anything else raises)", "draft_vocab_size": "Vd",
             "target_hidden_size": "H", "tie_word_embeddings": "false (true makes lm_head the full-vocab embedding)",
             "eagle_config": "{'eagle_aux_hidden_state_layer_ids': [l, ...]}: target layer OUTPUTS (SGLang adds 1)",
+            "eagle_aux_hidden_state_layer_ids": "the same layers as hidden_states indices (l + 1), for vLLM and llama.cpp's converter",
         },
         tensors=eagle3_tensors("midlayer."),
         families=("llama", "mistral"),
@@ -64,9 +65,10 @@ def write_eagle(s: SavedDrafter):
 
 def write_eagle3(s: SavedDrafter):
     """LlamaForCausalLMEagle3 with midlayer.* names and SGLang's aux-layer numbering (in eagle_config)."""
-    # SGLang adds 1 itself to ids given in eagle_config: they name the layers whose OUTPUT is read
-    extra = eagle3_fields(s, list(s.head["feature_layers"]))
-    extra["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": extra.pop("eagle_aux_hidden_state_layer_ids")}
+    # SGLang adds 1 itself to ids given in eagle_config: they name the layers whose OUTPUT is read. The top-level key,
+    # in the hidden-state numbering of vLLM and llama.cpp's converter, serves tools that read this folder with those.
+    extra = eagle3_fields(s, [layer + 1 for layer in s.head["feature_layers"]])
+    extra["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(s.head["feature_layers"])}
     config = engine_layer_config(s.layer_config(), "llama", ["LlamaForCausalLMEagle3"], s.dtype, **extra, tie_word_embeddings=False)
     return eagle3_to_engine(s.state, "midlayer."), config, "model.safetensors"
 

@@ -58,7 +58,7 @@ def test_recipe_show_derives_sizes_from_the_target(tiny_target_dir, capsys):
     assert main(["recipe", "show", "eagle3-llama3.1-8b", f"target.name={tiny_target_dir}", "head.draft_vocab_size=200"]) == 0
     out = capsys.readouterr().out
     assert "hidden_size: 64" in out and "num_layers: 4" in out and "vocab_size: 384" in out
-    assert "feature_layers: [0, 2, 3]" in out  # derived for a 4-layer target
+    assert "feature_layers: [0, 1, 2]" in out  # derived for a 4-layer target
 
 
 def test_recipe_list_names_every_bundled_recipe(capsys):

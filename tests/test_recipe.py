@@ -44,7 +44,7 @@ def test_resolve_derives_sizes_and_eagle3_layers():
     recipe.resolve(make_config("llama", 1000, num_hidden_layers=32))
     assert recipe.derived["hidden_size"] == 64 and recipe.derived["vocab_size"] == 1000
     assert recipe.derived["num_layers"] == 32
-    assert recipe.head.feature_layers == [2, 16, 29]
+    assert recipe.head.feature_layers == [1, 15, 28]   # outputs: the inputs of layers 2, 16, 29, as engines count
     assert recipe.head.draft_vocab_size == 1000  # capped by the target's vocabulary
 
 
@@ -79,6 +79,22 @@ def test_depth_beyond_what_the_head_supports():
         load_recipe("mtp-smollm2", ["head.depth=9"])
     with pytest.raises(DraftheadsError, match="head.ttt_steps"):
         load_recipe("eagle-smollm2", ["head.ttt_steps=99"])
+
+
+@pytest.mark.parametrize("layers", ["[5,2,9]", "[2,2,9]"])
+def test_eagle3_layers_must_be_distinct_and_in_layer_order(layers):
+    """Engines capture the layers in layer order: an unsorted list would permute fc's input columns silently."""
+    with pytest.raises(DraftheadsError, match="3 different layers in increasing order"):
+        load_recipe("eagle3-llama3.1-8b", [f"head.feature_layers={layers}"])
+
+
+@pytest.mark.parametrize("layers, fused", [(30, [1, 14, 26]), (32, [1, 15, 28]), (8, [1, 3, 4]), (6, [0, 2, 4]), (4, [0, 1, 2])])
+def test_default_eagle3_layers_are_the_inputs_of_the_engines_default_layers(layers, fused):
+    from draftheads.heads.eagle import default_feature_layers
+
+    assert default_feature_layers(layers) == fused
+    if layers >= 8:   # vLLM, SGLang, SpecForge and llama.cpp capture the inputs of layers (2, N//2, N-3)
+        assert [layer + 1 for layer in fused] == [2, layers // 2, layers - 3]
 
 
 def test_eagle3_layer_that_the_target_lacks():
