@@ -28,12 +28,18 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import write_folder
 from draftheads.core.run_folder import BEST, DATA_MARKER, DRAFTER, FINAL, incomplete_checkpoints, list_checkpoints
 from draftheads.heads.factory import head_config, new_drafter
-from draftheads.interop import deepseek_mtp, sglang, speculators, tgi, vllm
+from draftheads.interop import deepseek_mtp, llama_cpp, sglang, speculators, tgi, vllm
 from draftheads.interop.layout import Layout
 from draftheads.interop.native import CONFIG, PROVENANCE, WEIGHTS, SavedDrafter
 from draftheads.interop.vocab_mapping import write_vocab_mappings
 
-ENGINES = {"vllm": vllm, "sglang": sglang, "tgi": tgi, "speculators": speculators, "deepseek-mtp": deepseek_mtp}
+ENGINES = {"vllm": vllm, "sglang": sglang, "tgi": tgi, "speculators": speculators, "deepseek-mtp": deepseek_mtp,
+           "llama.cpp": llama_cpp}
+# formats that are not a safetensors file and a config.json: their WRITERS fill the folder themselves
+FOLDER_FORMATS = ("llama.cpp",)
+# the weights' dtype when --dtype is not given: as saved (fp32 master weights), except where the engine's own
+# converter defaults to half precision
+DEFAULT_DTYPES = {"llama.cpp": "fp16"}
 FORMATS = ("native", *ENGINES)
 LABELS = {"eagle3": "EAGLE-3", "eagle": "EAGLE", "medusa": "Medusa", "mtp": "MTP"}
 
@@ -42,14 +48,15 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dtype: str | None = None,
-                   speculative_tokens: int | None = None) -> Path:
+                   speculative_tokens: int | None = None, target_gguf=None) -> Path:
     """Write the drafter at `src` (drafter or run folder) as `fmt` into folder `out`.
 
     `target` (a loaded model, a local path or a hub id) is needed only when the drafter's own
     record of its target cannot be resolved. `overwrite` lets a previous export of the same format
     in `out` be replaced. `dtype` (bf16, fp16, fp32) casts the floating-point tensors (default: as saved, the fp32
     master weights). `speculative_tokens`: the draft length written where an engine config takes one (default: the
-    length the drafter was trained for). Returns `out`.
+    length the drafter was trained for). `target_gguf`: llama.cpp only, the target GGUF the drafter runs with (default:
+    `target` when it is a .gguf file, else the drafter's recorded target: a .gguf file or the embedded one). Returns `out`.
     """
     if fmt not in FORMATS:
         raise DraftheadsError(f"unknown export format '{fmt}'{suggest(fmt, FORMATS)}; use one of {', '.join(FORMATS)}")
@@ -57,6 +64,7 @@ def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dty
         raise DraftheadsError(f"unknown export dtype '{dtype}'; use one of {', '.join(DTYPES)}")
     if speculative_tokens is not None and speculative_tokens < 1:
         raise DraftheadsError(f"--speculative-tokens must be at least 1, got {speculative_tokens}")
+    dtype = dtype or DEFAULT_DTYPES.get(fmt)
     saved = SavedDrafter.read(src, target, dtype=DTYPES.get(dtype), speculative_tokens=speculative_tokens)
     out = Path(out).expanduser()
     check_out(out, fmt, saved, overwrite)
@@ -74,6 +82,14 @@ def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dty
 
         return write_folder(out, copy)
     check_allowed(saved, fmt)
+    if fmt in FOLDER_FORMATS:
+
+        def fill_engine_folder(tmp: Path) -> None:
+            gguf = target_gguf or (target if isinstance(target, (str, os.PathLike)) and str(target).endswith(".gguf") else None)
+            record = ENGINES[fmt].WRITERS[saved.kind](saved, tmp, gguf)
+            (tmp / PROVENANCE).write_text(json.dumps({**provenance, **record}, indent=2) + "\n")
+
+        return write_folder(out, fill_engine_folder)
     tensors, config, weights_file = ENGINES[fmt].WRITERS[saved.kind](saved)
 
     def fill(tmp: Path) -> None:
@@ -161,7 +177,8 @@ def refusal(saved: SavedDrafter, fmt: str) -> str | None:
         return None
     layout = find_layout(fmt, kind)
     if layout is None:
-        return f"{fmt} has no loader for {kind} heads"
+        loads = sorted({LABELS[other.kind] for other in ENGINES[fmt].LAYOUTS if other.kind in LABELS})
+        return f"{fmt} has no loader for {LABELS[kind]} drafters (it loads {', '.join(loads)} drafters only)"
     if kind == "medusa" and saved.head.get("medusa2"):
         return "Medusa-2 heads read the LoRA-adapted target, which engines do not build; merge the adapter into the target first"
     if layout.families and family not in layout.families:

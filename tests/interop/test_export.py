@@ -49,11 +49,11 @@ ALLOWED = {
     "eagle": {"llama": ("vllm", "sglang"), "mistral": ("vllm", "sglang"), "qwen2": ("vllm", "sglang"), "qwen3": (), "gemma": ()},
     # a Llama draft layer goes to every EAGLE-3 engine whatever the target; a layer of the target's class only where
     # the engine has that class
-    "eagle3": {f: ("vllm", "sglang", "speculators") for f in FAMILIES},
-    "eagle3-own": {"llama": ("vllm", "sglang", "speculators"), "mistral": ("vllm", "sglang", "speculators"), "qwen2": (),
-                   "qwen3": ("speculators",), "gemma": ()},
+    "eagle3": {f: ("vllm", "sglang", "speculators", "llama.cpp") for f in FAMILIES},
+    "eagle3-own": {"llama": ("vllm", "sglang", "speculators", "llama.cpp"), "mistral": ("vllm", "sglang", "speculators", "llama.cpp"),
+                   "qwen2": (), "qwen3": ("speculators",), "gemma": ()},
 }
-ENGINE_FORMATS = ("vllm", "sglang", "tgi", "speculators", "deepseek-mtp")
+ENGINE_FORMATS = ("vllm", "sglang", "tgi", "speculators", "deepseek-mtp", "llama.cpp")
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,8 @@ def drafts(drafter, observed, seed=None):
     return proposal.tree.paths, proposal.tokens, proposal.q
 
 
-CASES = [(family, head, fmt) for head, per in ALLOWED.items() for family, fmts in per.items() for fmt in fmts]
+# llama.cpp's GGUF is not read back here: tests/interop/test_llama_cpp.py and the engine itself check it
+CASES = [(family, head, fmt) for head, per in ALLOWED.items() for family, fmts in per.items() for fmt in fmts if fmt != "llama.cpp"]
 
 
 @pytest.mark.parametrize("family,head,fmt", CASES, ids=["-".join(c) for c in CASES])
@@ -168,10 +169,10 @@ def eagle3_keys(prefix, qk_norm=False):
 # what every engine's config says of a Llama draft layer for a non-Llama target: Llama, SiLU, no biases
 LLAMA_LAYER = {
     "vllm": {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu", "head_dim": D,
-             "num_key_value_heads": 2, "eagle_aux_hidden_state_layer_ids": [1, 3, 4]},
+             "num_key_value_heads": 2, "eagle_aux_hidden_state_layer_ids": [1, 2, 3]},
     "sglang": {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu", "head_dim": D,
-               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 2, 3]}},
-    "speculators": {"speculators_model_type": "eagle3", "draft_vocab_size": VD, "eagle_aux_hidden_state_layer_ids": [1, 3, 4],
+               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}, "eagle_aux_hidden_state_layer_ids": [1, 2, 3]},
+    "speculators": {"speculators_model_type": "eagle3", "draft_vocab_size": VD, "eagle_aux_hidden_state_layer_ids": [1, 2, 3],
                     "transformer_layer_config": {"model_type": "llama", "hidden_act": "silu"}},
 }
 # (format, head, family) -> (weights file, {key: shape}, config fields that must hold these values)
@@ -207,13 +208,13 @@ EXPECTED = {
     ("vllm", "eagle3", "llama"): ("model.safetensors", eagle3_keys("midlayer."),
         {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1, "draft_vocab_size": VD,
          "target_hidden_size": H, "tie_word_embeddings": False, "norm_before_residual": False,
-         "eagle_aux_hidden_state_layer_ids": [1, 3, 4]}),  # 4-layer target: feature layers (0, 2, 3), vLLM ids + 1
+         "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}),  # 4-layer target: feature layers (0, 1, 2), vLLM ids + 1
     ("sglang", "eagle3", "llama"): ("model.safetensors", eagle3_keys("midlayer."),
         {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1, "draft_vocab_size": VD, "tie_word_embeddings": False,
-         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 2, 3]}}),
+         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}, "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}),
     ("speculators", "eagle3", "llama"): ("model.safetensors", eagle3_keys("layers.0."),
         {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "draft_vocab_size": VD, "target_hidden_size": H,
-         "norm_before_residual": False, "eagle_aux_hidden_state_layer_ids": [1, 3, 4]}),
+         "norm_before_residual": False, "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}),
     ("speculators", "eagle3-own", "qwen3"): ("model.safetensors", eagle3_keys("layers.0.", qk_norm=True),
         {"speculators_model_type": "eagle3", "draft_vocab_size": VD}),
     **{(fmt, "eagle3", family): ("model.safetensors", eagle3_keys("layers.0." if fmt == "speculators" else "midlayer."),
@@ -225,7 +226,7 @@ DTYPES = {"d2t": torch.int64, "t2d": torch.bool, "token_map": torch.int64}
 @pytest.mark.parametrize("fmt,head,family", list(EXPECTED), ids=["-".join(k) for k in EXPECTED])
 def test_export_matches_what_the_loader_reads(fmt, head, family, natives, tmp_path):
     drafter, native = natives(family, head)
-    assert not head.startswith("eagle3") or drafter.config.feature_layers == [0, 2, 3]  # the default for a 4-layer target
+    assert not head.startswith("eagle3") or drafter.config.feature_layers == [0, 1, 2]  # the default for a 4-layer target
     out = export_drafter(native, fmt, tmp_path / "out")
     weights_file, shapes, fields = EXPECTED[fmt, head, family]
     tensors = load_file(str(out / weights_file))
@@ -437,8 +438,8 @@ def test_mtp_to_deepseek_layout_is_refused_with_the_reason(family, targets, tmp_
     reason = "no mtp layer for a llama target.*deepseek_v3" if family == "llama" else "dense-MLP layer.*MoE"
     with pytest.raises(DraftheadsError, match=f"'deepseek-mtp': .*{reason}.*formats for it: native$"):
         export_drafter(native, "deepseek-mtp", tmp_path / "out")
-    for fmt in ("vllm", "sglang", "tgi", "speculators"):
-        with pytest.raises(DraftheadsError, match="has no loader for mtp heads"):
+    for fmt in ("vllm", "sglang", "tgi", "speculators", "llama.cpp"):
+        with pytest.raises(DraftheadsError, match="has no loader for MTP drafters \\(it loads .* drafters only\\)"):
             export_drafter(native, fmt, tmp_path / fmt)
 
 
