@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # torch 2.13.0 is pinned for the self-contained venv: on CPU-only machines of this project it is the CPU build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test test-fast venv speculators-venv clean
+.PHONY: demo test test-fast venv speculators-venv llama-cpp clean
 
 venv: $(VENV)/.installed
 
@@ -26,6 +26,11 @@ $(SPECULATORS_VENV)/.installed: Makefile
 	$(SPECULATORS_VENV)/bin/python -c "import speculators.models, torch; assert not torch.version.cuda"
 	touch $@
 
+# llama.cpp built from the llama-cpp-python sdist on PyPI (CMake, CPU backend), once: cached under the user cache folder
+# ($$DRAFTHEADS_CACHE/engines/llama.cpp/), keyed by the sdist's sha256 and the CPU's features. The engine tests run it.
+llama-cpp: venv
+	$(BIN)/draftheads engine install llama.cpp
+
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -36,7 +41,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: venv
 	$(BIN)/draftheads demo
 
-test: venv speculators-venv
+test: venv speculators-venv llama-cpp
 	$(BIN)/python -m pytest -q
 
 test-fast: venv

@@ -1,4 +1,4 @@
-"""`draftheads` command line: data, train, eval, profile, export, demo, recipe.
+"""`draftheads` command line: data, train, eval, profile, export, engine, demo, recipe.
 
 Every user error is a `DraftheadsError`, printed as one line (`error: ...`) with exit status 2.
 Each command imports the package that does its work when it runs, not before: those pull in torch
@@ -73,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tau-from", default=None, metavar="REPORT",
                    help="predict from the tau an earlier eval measured (its folder or report.json) where it ran the same "
                         "drafter, tree and rule, instead of from the calibration prompts")
+    p.add_argument("--engine", default=None, choices=["llama.cpp"],
+                   help="measure EAGLE-3 drafters inside llama.cpp (built once from PyPI's source), beside llama.cpp's "
+                        "plain decoding and n-gram modes, greedy; --target then takes the target's GGUF")
+    p.add_argument("--draft-tokens", default=None, help="--engine: comma-separated draft lengths (default: 2,3,4,5)")
+    p.add_argument("--no-ngram", action="store_true", help="--engine: skip llama.cpp's n-gram modes")
     p.set_defaults(handler=cmd_eval, parser=p)
 
     p = sub.add_parser("profile", help="time the target's verify forwards and the drafters' costs on this machine")
@@ -94,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-tokens", type=int, default=None,
                    help="draft length written where the engine's config takes one (default: the length it was trained for)")
     p.set_defaults(handler=cmd_export, parser=p)
+
+    p = sub.add_parser("engine", help="build a serving engine that runs on this machine (llama.cpp)")
+    esub = p.add_subparsers(title="actions", metavar="ACTION")
+    install = esub.add_parser("install", help="build llama.cpp from the llama-cpp-python source on PyPI, once (cached)")
+    install.add_argument("engine", choices=["llama.cpp"], help="the engine to build")
+    install.set_defaults(handler=cmd_engine_install, parser=install)
 
     p = sub.add_parser("demo", help="data, training and evaluation end to end on the embedded target")
     p.add_argument("--out", default="runs/demo", help="where the demo leaves its artefacts")
@@ -169,10 +180,17 @@ def cmd_train(args) -> int:
     return 0
 
 
+ENGINE_REFUSED = ("accept", "temperature", "tree", "batch_size", "plain_above", "tau_from")
+
+
 def cmd_eval(args) -> int:
     from draftheads.inference.evaluate import run_eval, saved_eval_settings
 
     recipe = saved_eval_settings(args.drafters)
+    if args.engine is not None:
+        return cmd_engine_eval(args, recipe)
+    if args.draft_tokens is not None or args.no_ngram:
+        raise DraftheadsError("--draft-tokens and --no-ngram apply with --engine llama.cpp only; our loop takes --tree chain:K")
     accept = _split(args.accept) if args.accept is not None else recipe.accept
     temperatures = [_number(t, "--temperature") for t in _split(args.temperature)] if args.temperature is not None else recipe.temperatures
     batch_sizes = [_whole(b, "--batch-size") for b in _split(args.batch_size)] if args.batch_size is not None else recipe.batch_sizes
@@ -184,6 +202,21 @@ def cmd_eval(args) -> int:
         batch_sizes=batch_sizes, plain_above=_given(args.plain_above, recipe.plain_above),
         refresh_profile=args.refresh_profile, tau_from=args.tau_from,
     )
+    return 0
+
+
+def cmd_engine_eval(args, recipe) -> int:
+    from draftheads.inference.engine_eval import run_engine_eval
+
+    given = [f"--{name.replace('_', '-')}" for name in ENGINE_REFUSED if getattr(args, name) is not None]
+    given += [flag for flag, on in (("--combined", args.combined), ("--refresh-profile", args.refresh_profile)) if on]
+    if given:
+        raise DraftheadsError(f"{', '.join(given)} do not apply with --engine llama.cpp, which measures greedy decoding one "
+                              "conversation at a time (drafting a chain of --draft-tokens); drop them")
+    draft_tokens = [_whole(n, "--draft-tokens") for n in _split(args.draft_tokens)] if args.draft_tokens else [2, 3, 4, 5]
+    run_engine_eval(args.drafters, engine=args.engine, target=args.target, prompts=_given(args.prompts, recipe.prompts),
+                    limit=_given(args.limit, recipe.limit), max_new_tokens=_given(args.max_new_tokens, recipe.max_new_tokens),
+                    draft_tokens=draft_tokens, ngram=not args.no_ngram, dtype=args.dtype, out=args.out)
     return 0
 
 
@@ -204,6 +237,16 @@ def cmd_export(args) -> int:
     folder = export_drafter(args.source, args.format, args.out, target=args.target, overwrite=args.overwrite,
                             dtype=args.dtype, speculative_tokens=args.speculative_tokens)
     print(f"exported {args.source} as {args.format} to {folder}")
+    return 0
+
+
+def cmd_engine_install(args) -> int:
+    from draftheads.interop.llama_cpp_build import install_llama_cpp
+
+    engine = install_llama_cpp()
+    record = engine.record
+    print(f"llama.cpp from {record['sdist']}: {engine.server} (built in {record['build_seconds'] / 60:.1f} min on "
+          f"{record['jobs']} cores, {record['built']})")
     return 0
 
 

@@ -175,13 +175,13 @@ def prediction_sources(report: dict) -> list[str]:
             f"not its timings): {', '.join(earlier)}; every other row from the calibration prompts."]
 
 
-def write_report(folder: Path, report: dict) -> Path:
-    """report.json (everything) and report.md (the tables) into `folder`."""
+def write_report(folder: Path, report: dict, markdown: str | None = None) -> Path:
+    """report.json (everything) and report.md (the tables, or `markdown`) into `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / ".report.json.tmp"
     tmp.write_text(json.dumps(report, indent=1, default=_jsonable) + "\n")
     tmp.replace(folder / "report.json")
-    (folder / "report.md").write_text(format_markdown(report))
+    (folder / "report.md").write_text(markdown if markdown is not None else format_markdown(report))
     return folder
 
 

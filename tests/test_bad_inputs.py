@@ -164,6 +164,10 @@ CASES = [
     Case("eval-drafter-of-another-target", ["eval", "{w}/runs/medusa", "--target", "{w}/other", "--prompts", "{w}/prompts.jsonl"],
          "was trained for a target"),
     Case("eval-not-a-causal-lm", ["eval", "lookup", "--target", "{w}/bert", "--prompts", "{w}/prompts.jsonl"], "not a causal language model"),
+    Case("eval-engine-with-rules", [*EVAL, "--engine", "llama.cpp", "--accept", "strict"], "--accept do not apply with --engine llama.cpp"),
+    Case("eval-engine-zero-draft", [*EVAL, "--engine", "llama.cpp", "--draft-tokens", "0"], "--draft-tokens: '0' is not a whole number"),
+    Case("eval-draft-tokens-without-engine", [*EVAL, "--draft-tokens", "3"], "apply with --engine llama.cpp only"),
+    Case("eval-engine-medusa", [*EVAL, "--engine", "llama.cpp"], "llama.cpp has no loader for Medusa drafters"),
     # export
     Case("export-unknown-format", [*EXPORT, "--format", "vlm", "--out", "{c}/out"], "unknown export format 'vlm'"),
     Case("export-into-the-run", [*EXPORT, "--format", "vllm", "--out", "{w}/runs/medusa", "--overwrite"], "lies inside the drafter"),
@@ -175,6 +179,7 @@ CASES = [
          "model.safetensors", truncated_drafter),
     Case("export-missing-source", ["export", "{c}/nope", "--format", "vllm", "--out", "{c}/out"], "does not exist"),
     Case("export-missing-target", [*EXPORT[:2], "--target", "{c}/nope", "--format", "vllm", "--out", "{c}/out"], "does not exist"),
+    Case("export-medusa-to-llama-cpp", [*EXPORT, "--format", "llama.cpp", "--out", "{c}/out"], "it loads EAGLE-3 drafters only"),
     # training
     Case("train-changed-settings", [*TRAIN, "train.lr=0.01", "train.seed=5"], "trained with other settings", unfinished_run),
     Case("train-mtp-at-a-medusa-run", [*TRAIN, "head={{type: mtp, depth: 2}}"], "head.type: 'medusa' -> 'mtp'", unfinished_run),

@@ -1,0 +1,109 @@
+"""llama.cpp, built from the llama-cpp-python source on PyPI, runs our EAGLE-3 drafters.
+
+A small EAGLE-3 drafter is trained for a few dozen steps on answers the embedded target (SmolLM2-135M) wrote, then
+exported to GGUF; llama-server decodes the same prompts with it and without it. Greedy speculative output must equal
+llama.cpp's plain greedy output, and the engine must accept drafts: on the prompts the drafter was trained on it has
+learned the answers, so llama.cpp's tokens per target pass must come close to our own loop's tau. The file we write is
+also compared with what llama.cpp's own converter makes of our vLLM-layout export. `make test` builds llama.cpp first
+(cached); here `install_llama_cpp` only finds it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["Write a Python function that returns the sum of a list of numbers.",
+           "Write a Python function that checks whether a word is a palindrome.",
+           "Explain in two sentences what a hash table is.",
+           "Write a Python function that counts the vowels in a string."]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from draftheads.interop.llama_cpp_build import install_llama_cpp
+
+    return install_llama_cpp()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(target, tokenizer, the prompts file, an EAGLE-3 run trained on the target's answers to those prompts)."""
+    from draftheads import load_target
+    from draftheads.recipe import load_recipe
+    from draftheads.training.datagen import run_data
+    from draftheads.training.loop import run_training
+
+    where = tmp_path_factory.mktemp("llama-cpp-engine")
+    prompts = where / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    target = load_target("smollm2-135m", dtype="fp32", device="cpu")
+    overrides = [f"data.output={where / 'data'}", f"train.output_dir={where / 'run'}", "data.num_prompts=4",
+                 f"data.prompts=[{{source: {prompts}}}]", "data.max_new_tokens=64", "data.batch_size=4",
+                 "data.shard_size=4", "train.max_steps=60", "train.batch_size=4", "train.max_length=192",
+                 "train.time_budget_minutes=null", "train.eval_every=60", "train.save_every=60", "train.eval_fraction=0",
+                 "train.warmup_steps=5", "train.lr=3e-3", "train.dtype=fp32", "log.trackers=[]",
+                 "head.draft_vocab_size=2048", "head.ttt_steps=2"]
+    recipe = load_recipe("eagle3-smollm2", overrides)
+    run_data(recipe, target=target)
+    run_training(recipe, target=target)
+    return target, prompts, where / "run"
+
+
+def test_llama_cpp_runs_our_eagle3_drafter_losslessly_and_accepts_its_drafts(engine, trained, tmp_path):
+    from draftheads.inference.engine_eval import run_engine_eval
+
+    target, prompts, run = trained
+    folder = run_engine_eval([str(run)], prompts=str(prompts), max_new_tokens=64, draft_tokens=[3], ngram=False,
+                             out=str(tmp_path / "eval"), target_model=target)
+    report = json.loads((folder / "report.json").read_text())
+    rows = {r["kind"]: r for r in report["results"]}
+    plain, drafter = rows["plain"], rows["drafter"]
+    assert plain["new_tokens"] > 0 and drafter["new_tokens"] == plain["new_tokens"]
+    assert drafter["greedy_mismatches"] == 0                    # speculative greedy == llama.cpp's plain greedy
+    assert drafter["drafted"] > 0 and drafter["accepted"] > 0   # llama.cpp drafted with our file and kept drafts
+    # trained on these answers, the drafter predicts them in both: the engine reads the file as we meant it
+    assert drafter["our_tau"] > 1.5 and drafter["tokens_per_pass"] > 1.5
+    assert abs(drafter["tau_gap"]) < 0.35
+    assert (folder / "report.md").is_file() and (folder / "engine_speedup.png").is_file()
+
+
+def test_our_gguf_is_what_llama_cpps_converter_makes_of_our_vllm_export(engine, trained, tmp_path):
+    """The converter (vendored beside the build) on our vLLM folder and the embedded target's Hugging Face folder
+    gives the same tensors, bit for bit, and the same metadata: the fields it writes that we do not are its own
+    labels, and tokenizer.ggml.add_space_prefix is the target GGUF's own field, which we copy."""
+    import subprocess
+    import sys
+
+    from gguf import GGUFReader
+
+    from draftheads.core.targets import embedded_checkpoint
+    from draftheads.interop.export import export_drafter
+
+    _, _, run = trained
+    ours = export_drafter(run, "llama.cpp", tmp_path / "ours") / "drafter.gguf"
+    vllm = export_drafter(run, "vllm", tmp_path / "vllm", dtype="fp16")
+    converted = tmp_path / "converted.gguf"
+    env = {**os.environ, "PYTHONPATH": str(engine.folder / "source" / "gguf-py")}
+    done = subprocess.run([sys.executable, str(engine.converter), str(vllm), "--target-model-dir",
+                           str(embedded_checkpoint("smollm2-135m")), "--outtype", "f16", "--outfile", str(converted)],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    a, b = GGUFReader(str(ours)), GGUFReader(str(converted))
+    fields_a = {k: f for k, f in a.fields.items() if not k.startswith("GGUF.")}
+    fields_b = {k: f for k, f in b.fields.items() if not k.startswith("GGUF.")}
+    assert set(fields_a) - set(fields_b) <= {"tokenizer.ggml.add_space_prefix"}
+    assert set(fields_b) - set(fields_a) <= {"general.quantization_version", "general.size_label", "general.type"}
+    for key in set(fields_a) & set(fields_b) - {"general.name"}:
+        assert fields_a[key].contents() == fields_b[key].contents(), key
+    tensors_b = {t.name: t for t in b.tensors}
+    assert {t.name for t in a.tensors} == set(tensors_b)
+    for t in a.tensors:
+        other = tensors_b[t.name]
+        assert t.tensor_type == other.tensor_type and list(t.shape) == list(other.shape), t.name
+        assert np.array_equal(np.asarray(t.data), np.asarray(other.data)), t.name
