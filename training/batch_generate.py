@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from draftheads.core.sampling import sample, top1, warp_probs
-from draftheads.training.chat import add_reply, stop_token_ids, user_turn_prefix
+from draftheads.training.chat import add_reply, render_ids, stop_token_ids, user_turn_prefix
 
 # Drop finished rows once this share of the live batch is done: pruning copies the cache,
 # so doing it every step would cost more than the wasted compute it saves.
@@ -126,6 +126,21 @@ class LocalBackend:
                     add_reply(self.tokenizer, chat, out.tokens, self.stop_ids, data.max_length)
                 if on_batch is not None:
                     on_batch(group, sum(len(o.tokens) for o in outputs))
+
+    def reply(self, messages: list[str], max_tokens: int, temperature: float, seed: int) -> list[tuple[str, bool]]:
+        """The target's answer to each user message (a one-turn chat, with the recipe's system prompt), in
+        length-sorted batches: [(text, finished)] in the order of `messages`."""
+        system = [{"role": "system", "content": self.data.system_prompt}] if self.data.system_prompt else []
+        prompts = [render_ids(self.tokenizer, system + [{"role": "user", "content": m}], add_generation_prompt=True)
+                   for m in messages]
+        generator, out = self._generator(seed), [None] * len(messages)
+        for batch in length_sorted_batches([len(p) for p in prompts], self.data.batch_size):
+            outputs = generate_batch(self.model, [prompts[i] for i in batch], max_new_tokens=max_tokens,
+                                     stop_ids=self.stop_ids, pad_id=self.pad_id, temperature=temperature,
+                                     top_p=self.data.top_p, generator=generator)
+            for i, o in zip(batch, outputs):
+                out[i] = (self.tokenizer.decode(o.tokens[:-1] if o.finished else o.tokens, skip_special_tokens=True), o.finished)
+        return out
 
     def write(self, count: int, max_tokens: int, temperature: float, seed: int, lead: str = "") -> list[tuple[str, bool]]:
         """Magpie: the template up to a user's words (and `lead`), and the target writes the rest of the message."""

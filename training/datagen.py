@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import hashlib
 import dataclasses
 import json
 import os
@@ -179,7 +180,8 @@ def ensure_prompts(out: Path, data, backend, procs: Processes, grown: dict | Non
     have = read_prompts(path) if grown and path.exists() else []
     if procs.is_main and (not path.exists() or (grown and len(have) == grown["prompts"])):
         partial = out / SELF_PARTIAL
-        more, skipped = collect_prompts(data, write=resumable_writer(partial, backend.write, data.batch_size), have=have)
+        write, reply = resumable_writer(partial, backend.write, data.batch_size, backend.reply)
+        more, skipped = collect_prompts(data, write=write, have=have, reply=reply)
         if grown:
             skipped.update(grown["prompt_skips"])
         datastore.update_meta(out, prompt_skips=dict(skipped))
@@ -190,10 +192,11 @@ def ensure_prompts(out: Path, data, backend, procs: Processes, grown: dict | Non
     return read_prompts(path), skipped
 
 
-def resumable_writer(path: Path, write, chunk: int):
-    """Wrap a backend's `write(count, max_tokens, temperature, seed, lead)` so self prompts are written in
-    chunks, each with its own seed and appended to `path` once finished: a run killed while the
-    target writes its prompts re-uses the finished chunks and ends with the same prompts."""
+def resumable_writer(path: Path, write, chunk: int, reply=None):
+    """Wrap a backend's `write(count, max_tokens, temperature, seed, lead)` (and `reply(messages, max_tokens,
+    temperature, seed)`) so self prompts (and the passages of task kinds) are written in chunks, each with its own
+    seed and appended to `path` once finished: a run killed while the target writes its prompts re-uses the finished
+    chunks and ends with the same prompts. Returns the wrapped write, or (write, reply) when `reply` is given."""
     from tqdm.auto import tqdm
 
     done = {}
@@ -205,19 +208,33 @@ def resumable_writer(path: Path, write, chunk: int):
                 continue
             done[tuple(record["key"])] = [tuple(t) for t in record["texts"]]
 
+    def finished(key: tuple, make) -> list:
+        if key not in done:
+            done[key] = make()
+            with path.open("a") as f:
+                f.write(json.dumps({"key": list(key), "texts": done[key]}) + "\n")
+        return done[key]
+
     def write_chunks(count: int, max_tokens: int, temperature: float, seed: int, lead: str = "") -> list:
         texts = []
         starts = range(0, count, chunk)
         for index, start in enumerate(tqdm(starts, desc="draftheads data: target writes prompts", unit="batch", mininterval=1.0)):
-            key = (seed, count, index, lead)
-            if key not in done:
-                done[key] = write(min(chunk, count - start), max_tokens, temperature, seed * 100_003 + index, lead)
-                with path.open("a") as f:
-                    f.write(json.dumps({"key": list(key), "texts": done[key]}) + "\n")
-            texts.extend(done[key])
+            n = min(chunk, count - start)
+            texts.extend(finished((seed, count, index, lead),
+                                  lambda: write(n, max_tokens, temperature, seed * 100_003 + index, lead)))
         return texts
 
-    return write_chunks
+    def reply_chunks(messages: list[str], max_tokens: int, temperature: float, seed: int) -> list:
+        texts = []
+        starts = range(0, len(messages), chunk)
+        for index, start in enumerate(tqdm(starts, desc="draftheads data: target writes passages", unit="batch", mininterval=1.0)):
+            part = messages[start:start + chunk]
+            digest = hashlib.sha256("\x00".join(part).encode()).hexdigest()[:16]
+            texts.extend(finished(("reply", seed, index, max_tokens, digest),
+                                  lambda: reply(part, max_tokens, temperature, seed * 100_003 + index)))
+        return texts
+
+    return write_chunks if reply is None else (write_chunks, reply_chunks)
 
 
 def plan_chats(prompts, tokenizer, data, first_id: int = 0) -> tuple[list, collections.Counter]:
@@ -263,7 +280,7 @@ def print_examples(recipe, target, count: int = 3) -> None:
     """Dry run: answer `count` prompts and print them with the untrained tokens in [brackets]."""
     data = dataclasses.replace(recipe.data, num_prompts=count)
     backend, tokenizer = make_backend(recipe, target, Processes())
-    prompts, _ = collect_prompts(data, write=backend.write)
+    prompts, _ = collect_prompts(data, write=backend.write, reply=backend.reply)
     chats, skipped = plan_chats(prompts, tokenizer, data)
     backend.answer(chats, seed=data.seed)
     print(f"dry run: {len(chats)} example(s) from {recipe.name}; tokens NOT trained on are in [brackets]")

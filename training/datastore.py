@@ -38,9 +38,17 @@ CUT = "responses cut at max_new_tokens/max_length (kept, no end-of-turn)"
 TRUNCATED = "prompts truncated to fit max_length (kept)"
 
 
+# Prompt-source settings added after folders were written, with their defaults: hashed only when set otherwise, so a
+# folder written before they existed keeps its identity.
+ADDED_LATER = {"kinds": None, "passage_tokens": 512}
+
+
 def settings_hash(target: dict, data: dict) -> str:
     """Hash of every setting that changes the rows (target identity and the data section)."""
     data = {k: v for k, v in data.items() if k not in NOT_HASHED}
+    if isinstance(data.get("prompts"), list):
+        data["prompts"] = [{k: v for k, v in src.items() if k not in ADDED_LATER or v != ADDED_LATER[k]}
+                           if isinstance(src, dict) else src for src in data["prompts"]]
     target = {k: target.get(k) for k in TARGET_HASHED}
     text = json.dumps({"target": target, "data": data}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -79,13 +79,29 @@ class OpenAIBackend:
             added += len(ids)
         return added
 
-    def chat_completion(self, messages: list[dict], max_tokens: int, seed: int) -> tuple[str, str]:
+    def chat_completion(self, messages: list[dict], max_tokens: int, seed: int, temperature: float | None = None) -> tuple[str, str]:
         body = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
-                "temperature": self.data.temperature, "top_p": self.data.top_p, "seed": seed}
+                "temperature": self.data.temperature if temperature is None else temperature, "top_p": self.data.top_p,
+                "seed": seed}
         if self.data.chat_template_kwargs:   # the server renders the template: vLLM and SGLang take these per request
             body["chat_template_kwargs"] = dict(self.data.chat_template_kwargs)
         choice = self.post("/chat/completions", body)["choices"][0]
         return choice["message"].get("content") or "", choice.get("finish_reason") or "stop"
+
+    def reply(self, messages: list[str], max_tokens: int, temperature: float, seed: int) -> list[tuple[str, bool]]:
+        """The target's answer to each user message (a one-turn chat with the recipe's system prompt): [(text, finished)]."""
+        system = [{"role": "system", "content": self.data.system_prompt}] if self.data.system_prompt else []
+
+        def one(k: int) -> tuple[str, bool]:
+            try:
+                text, finish = self.chat_completion(system + [{"role": "user", "content": messages[k]}], max_tokens,
+                                                    seed * 100_003 + k, temperature)
+            except Rejected:
+                return "", False
+            return text, finish == "stop"
+
+        with ThreadPoolExecutor(max_workers=self.data.concurrency) as pool:
+            return list(pool.map(one, range(len(messages))))
 
     def write(self, count: int, max_tokens: int, temperature: float, seed: int, lead: str = "") -> list[tuple[str, bool]]:
         """Magpie through /v1/completions: the raw template up to a user's words (and `lead`), continued by the target."""

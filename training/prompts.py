@@ -9,6 +9,7 @@ dropped: the target writes its own). `skipped` counts rows left out and why.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import gzip
 import json
 import random
@@ -19,6 +20,7 @@ from typing import Callable, Literal
 
 from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
+from draftheads.training.task_kinds import PASSAGE_KINDS, Writers, kind_prompts, resolve_kinds
 
 FORMATS = ("sharegpt", "messages", "turns", "alpaca", "prompt")
 # The column that tells each format apart, checked in this order.
@@ -55,6 +57,11 @@ class PromptSource:
     max_tokens: int = doc(128, "'self' only: longest prompt the target writes, in tokens (longer ones are cut back to their "
                                       "last full sentence, or dropped if they have none)")
     starts_with: str = doc("", "'self' only: words every prompt begins with, steering the topic (e.g. 'Write a Python function')")
+    kinds: str | dict[str, float] | None = doc(None, "'self' only: task kinds of the prompts, 'general' (the documented default "
+                                                     "mixture, training/task_kinds.py: GENERAL) or {kind: weight}, e.g. "
+                                                     "{writing: 1, coding: 3, summarization: 1}; none: open-ended messages")
+    passage_tokens: int = doc(512, "'self' kinds with a passage (summarization, extraction, qa, retrieval): the longest "
+                                   "article the target writes for one")
 
     def __post_init__(self):
         check(self.weight > 0, f"data.prompts: weight must be positive, got {self.weight}")
@@ -63,6 +70,11 @@ class PromptSource:
         check(self.max_tokens > 0, f"data.prompts: max_tokens must be positive, got {self.max_tokens}")
         check(not self.starts_with or self.source == "self", f"data.prompts: starts_with only applies to source 'self', not '{self.source}'")
         check(self.starts_with == self.starts_with.rstrip(), "data.prompts: starts_with must not end with a space (the target writes the next word with its own space)")
+        check(self.kinds is None or self.source == "self", f"data.prompts: kinds only apply to source 'self', not '{self.source}'")
+        check(self.kinds is None or not self.starts_with, "data.prompts: give kinds or starts_with, not both (each kind has its own leads)")
+        check(self.passage_tokens > 0, f"data.prompts: passage_tokens must be positive, got {self.passage_tokens}")
+        if self.kinds is not None:
+            resolve_kinds(self.kinds)
 
 
 # ---------------------------------------------------------------- formats
@@ -321,6 +333,38 @@ def self_prompts(write: Writer, count: int, src, seed: int, skipped: collections
     return prompts[:count]
 
 
+def kinds_prompts(writers: Writers, count: int, src, seed: int, skipped: collections.Counter,
+                  seen: set[str] = frozenset()) -> list[Prompt]:
+    """`count` prompts of the source's task kinds, split by their weights (training/task_kinds.py)."""
+    kinds = resolve_kinds(src.kinds)
+    seen = set(seen)
+
+    def messages(n: int, source, message_seed: int, leads: tuple[str, ...]) -> list[str]:
+        """n distinct user messages, the leads taking turns; each lead written with its own seed."""
+        out = []
+        for i, (lead, quota) in enumerate(zip(leads, quotas([1.0] * len(leads), n))):
+            if quota:
+                lead_src = dataclasses.replace(source, starts_with=lead, kinds=None)
+                written = self_prompts(writers.write, quota, lead_src, message_seed * 7 + i, skipped, seen=seen)
+                seen.update(normalise(p.turns[0]) for p in written)
+                out += [p.turns[0] for p in written]
+        return out
+
+    prompts = []
+    for i, (kind, quota) in enumerate(zip(kinds, quotas(list(kinds.values()), count))):
+        if quota:
+            for turns, _ in kind_prompts(kind, quota, writers, src, seed * 1009 + i, skipped, messages):
+                if kind in PASSAGE_KINDS and normalise(turns[0]) in seen:   # message kinds' texts are distinct already
+                    skipped["self: duplicate"] += 1
+                    continue
+                seen.add(normalise(turns[0]))
+                prompts.append(Prompt(turns, source="self", row=len(prompts), kind=kind))
+    if not prompts:
+        raise DraftheadsError("the target wrote no usable prompt of any kind (see the skip counts); raise temperature or "
+                              "max_tokens of the self source, or use a dataset")
+    return prompts
+
+
 # ---------------------------------------------------------------- mixing
 
 
@@ -347,10 +391,11 @@ def fill_quotas(weights: list[float], available: list[float], total: int) -> lis
     return take
 
 
-def collect_prompts(data, write: Writer | None = None, have: list[Prompt] = ()) -> tuple[list[Prompt], collections.Counter]:
+def collect_prompts(data, write: Writer | None = None, have: list[Prompt] = (), reply=None) -> tuple[list[Prompt], collections.Counter]:
     """data.num_prompts prompts mixed from data.prompts by weight; the order is fixed by data.seed.
     With `have` (the prompts of a folder that grows), only the missing ones, none of them repeating one
-    it has; self prompts are then written with new seeds, so the target does not write the same ones again."""
+    it has; self prompts are then written with new seeds, so the target does not write the same ones again.
+    `reply(messages, max_tokens, temperature, seed)`: the target answering user messages, for task kinds with passages."""
     skipped: collections.Counter = collections.Counter()
     taken = {tuple(p.turns) for p in have}
     taken_texts = {normalise(turns[0]) for turns in taken}  # what self prompts are compared by
@@ -373,7 +418,10 @@ def collect_prompts(data, write: Writer | None = None, have: list[Prompt] = ()) 
         if src.source == "self":
             if write is None:
                 raise DraftheadsError("'self' prompts need the target to write them; they cannot be made here")
-            chosen += self_prompts(write, n, src, data.seed + i + salt, skipped, seen=taken_texts)
+            if src.kinds is not None:
+                chosen += kinds_prompts(Writers(write, reply), n, src, data.seed + i + salt, skipped, seen=taken_texts)
+            else:
+                chosen += self_prompts(write, n, src, data.seed + i + salt, skipped, seen=taken_texts)
         else:
             chosen += pools[i][:n]
     random.Random(f"{data.seed}:{len(have)}" if have else data.seed).shuffle(chosen)
