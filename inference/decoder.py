@@ -179,7 +179,9 @@ class Decoder:
         draft_s = ((t1 - t0) + (t3 - t2)) * share if drafting else 0.0  # plain decoding: all of it is the step
         verify_s = (t3 - t0) * share - draft_s
         for i, tree, path, out in zip(self.live, trees, paths, emitted):
-            self.rows[i].stats.record_step(tree, path.tolist(), len(out), draft_s=draft_s, verify_s=verify_s)
+            row = self.rows[i]
+            context = row.stats.prompt_tokens + len(row.generated) - len(out)
+            row.stats.record_step(tree, path.tolist(), len(out), draft_s=draft_s, verify_s=verify_s, context=context)
 
     def _features(self, features: torch.Tensor | None, r: int, last: int | None, index: torch.Tensor | None) -> torch.Tensor:
         """Row r's features [1, n, F] at its last `last` positions or at `index` (F = 0 when the drafter reads none)."""

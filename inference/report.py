@@ -100,7 +100,7 @@ def summarise(plain: GenerationStats, spec: GenerationStats, *, depth: int) -> d
         "forwards_saved": 1 - forwards_spec / forwards_plain if forwards_plain else None,
         "tokens_per_s_plain": plain.tokens_per_s, "tokens_per_s_spec": spec.tokens_per_s,
         "speedup": _ratio(spec.tokens_per_s, plain.tokens_per_s),
-        "chain_tau": expected_tokens(alpha, depth),
+        "chain_tau": expected_tokens(alpha, depth), "tau_by_context": spec.tau_by_context(),
         "chain_speedup": chain_speedup(alpha, depth, c),
     }
 
@@ -268,6 +268,21 @@ def format_kind_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def format_context_table(rows: list[dict]) -> str | None:
+    """tau of the steps taken at each range of context length, one line per row that reached past 512 tokens
+    (None when none did): whether acceptance falls off on long prompts."""
+    long = [r for r in rows if r.get("kind") != "plain" and any(not b["context"].startswith(("0-", "256-")) for b in r.get("tau_by_context", []))]
+    if not long:
+        return None
+    ranges = list(dict.fromkeys(b["context"] for r in long for b in r["tau_by_context"]))
+    lines = ["| " + " | ".join(["task kind", "drafter", "rule", "T", *[f"{c} tokens" for c in ranges]]) + " |", "|" + "---|" * (4 + len(ranges))]
+    for r in long:
+        at = {b["context"]: b for b in r["tau_by_context"]}
+        cells = [f"{at[c]['tau']:.2f} ({at[c]['steps']})" if c in at else "-" for c in ranges]
+        lines.append("| " + " | ".join([r.get("task_kind", "all"), r["drafter"], r["rule"], f"{r['temperature']:g}", *cells]) + " |")
+    return "\n".join(lines)
+
+
 def format_quality(rows: list[dict]) -> str | None:
     """Mean target log-probability per generated token, spec outputs vs plain sampling (sampled rules only)."""
     rated = [r for r in rows if r.get("logprob_spec") is not None]
@@ -322,6 +337,11 @@ def format_markdown(report: dict) -> str:
         out += ["", "## By task kind", "",
                 "The same runs, each kind's prompts on their own: tau, acceptance per depth and speedup of every drafter, "
                 "with prompt lookup's tau on the same prompts beside it.", "", format_kind_table(report["by_kind"])]
+    by_context = format_context_table(report["results"] + report.get("by_kind", []))
+    if by_context:
+        out += ["", "## Acceptance by context length", "",
+                "tau of the steps taken with this many tokens already in the context (prompt and reply so far); the "
+                "number of steps in brackets. A drafter trained on short rows loses acceptance here first.", "", by_context]
     quality = format_quality(report["results"])
     if quality:
         out += ["", "## Quality of sampled outputs", "",

@@ -24,6 +24,9 @@ def _add(a: list, b: list) -> list:
     return out
 
 
+CONTEXT_EDGES = (0, 256, 512, 1024, 2048)   # ranges of context length the report breaks tau down by
+
+
 @dataclass
 class GenerationStats:
     """Counters and timings of one or more `speculative_generate` calls (see `merge`)."""
@@ -39,14 +42,16 @@ class GenerationStats:
     step_nodes: list[int] = field(default_factory=list)       # per step: tree nodes verified, root included
     step_draft_s: list[float] = field(default_factory=list)   # per step: drafter.propose + drafter.observe
     step_verify_s: list[float] = field(default_factory=list)  # per step: target forward + acceptance + cache compaction
+    step_context: list[int] = field(default_factory=list)     # per step: tokens committed before it (prompt + generated)
     drafted: list[int] = field(default_factory=list)          # per depth d: draft nodes verified at depth d+1
     reached: list[int] = field(default_factory=list)          # per depth d: steps whose accepted path reached depth d at a node with children
     accepted: list[int] = field(default_factory=list)         # per depth d: steps that accepted a node at depth d+1
     accepted_rank: list[list[int]] = field(default_factory=list)  # [d][r]: accepted depth-(d+1) node had sibling rank r
 
     # ---- recording -------------------------------------------------------------------------
-    def record_step(self, tree, path: list[int], emitted: int, draft_s: float, verify_s: float) -> None:
-        """path: accepted node indices of `tree`, root first (untruncated)."""
+    def record_step(self, tree, path: list[int], emitted: int, draft_s: float, verify_s: float, context: int = 0) -> None:
+        """path: accepted node indices of `tree`, root first (untruncated); context: tokens committed before the step."""
+        self.step_context.append(context)
         self.step_emitted.append(emitted)
         self.step_accepted.append(len(path) - 1)
         self.step_nodes.append(tree.num_nodes)
@@ -97,6 +102,16 @@ class GenerationStats:
     def tau(self) -> float:
         """Mean tokens emitted per verification forward, bonus token included (1.0 for plain decoding)."""
         return sum(self.step_emitted) / max(1, self.steps)
+
+    def tau_by_context(self, edges=CONTEXT_EDGES) -> list[dict]:
+        """tau of the steps taken at each range of context length (committed tokens before the step): where acceptance
+        falls off on long prompts. One entry per range that has steps."""
+        out = []
+        for low, high in zip(edges, [*edges[1:], None]):
+            steps = [e for e, c in zip(self.step_emitted, self.step_context) if c >= low and (high is None or c < high)]
+            if steps:
+                out.append({"context": f"{low}-{high}" if high else f"{low}+", "steps": len(steps), "tau": sum(steps) / len(steps)})
+        return out
 
     @property
     def mean_accepted(self) -> float:

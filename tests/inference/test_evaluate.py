@@ -83,6 +83,26 @@ def test_summary_matches_hand_count():
     assert row["accepted_hist"] == [1, 0, 1, 1]
 
 
+def test_tau_by_context_counts_the_steps_of_each_range():
+    stats = GenerationStats()
+    for emitted, context in ((3, 10), (1, 300), (2, 300), (4, 600), (1, 2500)):
+        stats.record_step(Tree.chain(3), list(range(emitted)), emitted, 0.0, 0.0, context=context)
+    assert stats.tau_by_context() == [{"context": "0-256", "steps": 1, "tau": 3.0}, {"context": "256-512", "steps": 2, "tau": 1.5},
+                                      {"context": "512-1024", "steps": 1, "tau": 4.0}, {"context": "2048+", "steps": 1, "tau": 1.0}]
+
+
+def test_the_loop_records_each_steps_context(llama_target):
+    """A step's context is the prompt plus what was committed before it: it grows by what each step emitted."""
+    from draftheads.inference.generate import speculative_generate
+    from draftheads.inference.lookup import PromptLookupDrafter
+
+    prompt = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])
+    stats = speculative_generate(llama_target, PromptLookupDrafter(), prompt, max_new_tokens=12).stats
+    assert stats.step_context[0] == prompt.shape[1] + 1   # the prefill committed the first token
+    for before, emitted, after in zip(stats.step_context, stats.step_emitted, stats.step_context[1:]):
+        assert after == before + emitted
+
+
 def test_alpha_counts_empty_drafts_as_stops():
     stats = GenerationStats()
     for path in ([0], [0], [0, 1], [0, 1, 2]):
