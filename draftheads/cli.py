@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure EAGLE-3 drafters inside llama.cpp (built once from PyPI's source), beside llama.cpp's "
                         "plain decoding and n-gram modes, greedy; --target then takes the target's GGUF")
     p.add_argument("--draft-tokens", default=None, help="--engine: comma-separated draft lengths (default: 2,3,4,5)")
+    p.add_argument("--draft-p-min", default=None,
+                   help="--engine: comma-separated confidence floors: llama.cpp stops a draft at a token the drafter gives "
+                        "less than this probability (default: 0, always the full length)")
     p.add_argument("--no-ngram", action="store_true", help="--engine: skip llama.cpp's n-gram modes")
     p.set_defaults(handler=cmd_eval, parser=p)
 
@@ -189,8 +192,9 @@ def cmd_eval(args) -> int:
     recipe = saved_eval_settings(args.drafters)
     if args.engine is not None:
         return cmd_engine_eval(args, recipe)
-    if args.draft_tokens is not None or args.no_ngram:
-        raise DraftheadsError("--draft-tokens and --no-ngram apply with --engine llama.cpp only; our loop takes --tree chain:K")
+    if args.draft_tokens is not None or args.draft_p_min is not None or args.no_ngram:
+        raise DraftheadsError("--draft-tokens, --draft-p-min and --no-ngram apply with --engine llama.cpp only; our loop "
+                              "takes --tree chain:K")
     accept = _split(args.accept) if args.accept is not None else recipe.accept
     temperatures = [_number(t, "--temperature") for t in _split(args.temperature)] if args.temperature is not None else recipe.temperatures
     batch_sizes = [_whole(b, "--batch-size") for b in _split(args.batch_size)] if args.batch_size is not None else recipe.batch_sizes
@@ -214,9 +218,10 @@ def cmd_engine_eval(args, recipe) -> int:
         raise DraftheadsError(f"{', '.join(given)} do not apply with --engine llama.cpp, which measures greedy decoding one "
                               "conversation at a time (drafting a chain of --draft-tokens); drop them")
     draft_tokens = [_whole(n, "--draft-tokens") for n in _split(args.draft_tokens)] if args.draft_tokens else [2, 3, 4, 5]
+    p_mins = [_number(p, "--draft-p-min") for p in _split(args.draft_p_min)] if args.draft_p_min else [0.0]
     run_engine_eval(args.drafters, engine=args.engine, target=args.target, prompts=_given(args.prompts, recipe.prompts),
                     limit=_given(args.limit, recipe.limit), max_new_tokens=_given(args.max_new_tokens, recipe.max_new_tokens),
-                    draft_tokens=draft_tokens, ngram=not args.no_ngram, dtype=args.dtype, out=args.out)
+                    draft_tokens=draft_tokens, p_mins=p_mins, ngram=not args.no_ngram, dtype=args.dtype, out=args.out)
     return 0
 
 

@@ -58,6 +58,7 @@ class EngineConfig:
     args: tuple[str, ...] = ()
     drafter: str | None = None
     draft_tokens: int | None = None
+    p_min: float = 0.0
 
 
 @dataclass
@@ -68,7 +69,10 @@ class Side:
     replies: list[Reply] = field(default_factory=list)
 
 
-def engine_configs(drafters: dict[str, Path], draft_tokens: list[int], ngram: bool = True) -> list[EngineConfig]:
+def engine_configs(drafters: dict[str, Path], draft_tokens: list[int], ngram: bool = True,
+                   p_mins: list[float] = (0.0,)) -> list[EngineConfig]:
+    """Plain decoding first (what every row is compared with), the n-gram modes, then each drafter at each draft length
+    and confidence floor (p_min: llama.cpp stops a draft at the first token whose draft probability is below it)."""
     configs = [EngineConfig("llama.cpp plain", "plain")]
     if ngram:
         for mode in NGRAM_MODES:
@@ -77,19 +81,22 @@ def engine_configs(drafters: dict[str, Path], draft_tokens: list[int], ngram: bo
                 configs.append(EngineConfig(f"{mode} key 3 draft 6", "ngram", ("--spec-type", mode, *SHORT[mode])))
     for name, gguf in drafters.items():
         for n in draft_tokens:
-            drafter = ("-md", str(gguf), "--spec-draft-n-max", str(n))
-            configs.append(EngineConfig(f"{name} n={n}", "drafter", (*drafter, "--spec-type", "draft-eagle3"), name, n))
-            if ngram:
-                configs.append(EngineConfig(f"{name} n={n} + {PAIRED_NGRAM}", "drafter+ngram",
-                                            (*drafter, "--spec-type", f"draft-eagle3,{PAIRED_NGRAM}", *SHORT[PAIRED_NGRAM]),
-                                            name, n))
+            for p in p_mins:
+                label = f"{name} n={n}" + (f" p-min {p:g}" if p else "")
+                drafter = ("-md", str(gguf), "--spec-draft-n-max", str(n), "--spec-draft-p-min", f"{p:g}")
+                configs.append(EngineConfig(label, "drafter", (*drafter, "--spec-type", "draft-eagle3"), name, n, p))
+                if ngram:
+                    configs.append(EngineConfig(f"{label} + {PAIRED_NGRAM}", "drafter+ngram",
+                                                (*drafter, "--spec-type", f"draft-eagle3,{PAIRED_NGRAM}", *SHORT[PAIRED_NGRAM]),
+                                                name, n, p))
     return configs
 
 
 def run_engine_eval(drafters: list[str], *, engine: str = "llama.cpp", target: str | None = None,
                     prompts: str = "humaneval", limit: int | None = None, max_new_tokens: int = 128,
                     draft_tokens: list[int] = (2, 3, 4, 5), ngram: bool = True, ours: bool = True, dtype: str = "auto",
-                    out: str | None = None, threads: int | None = None, target_model=None) -> Path:
+                    out: str | None = None, threads: int | None = None, target_model=None,
+                    p_mins: list[float] = (0.0,)) -> Path:
     """Measure each EAGLE-3 drafter in llama.cpp beside llama.cpp's plain and n-gram decoding; write and print the
     report; return its folder. `target`: the target GGUF (or any spec the drafter's export takes); `ours`: also run
     our own loop for tau; `target_model`: (model, tokenizer) instead of loading the target (tests)."""
@@ -101,6 +108,9 @@ def run_engine_eval(drafters: list[str], *, engine: str = "llama.cpp", target: s
     draft_tokens = sorted(set(draft_tokens))
     if not draft_tokens or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in draft_tokens):
         raise DraftheadsError(f"draft lengths must be whole numbers >= 1, got {draft_tokens}; e.g. --draft-tokens 2,3,4")
+    p_mins = sorted(set(p_mins))
+    if not p_mins or any(not 0 <= p < 1 for p in p_mins):
+        raise DraftheadsError(f"draft confidence floors must be in [0, 1), got {p_mins}; e.g. --draft-p-min 0,0.5")
     check_report_folder(out)
     folder = report_folder(out, drafters)
     exports = export_for_engine(paths, folder / "gguf", target)   # refuses a drafter llama.cpp cannot run, before the build
@@ -109,7 +119,7 @@ def run_engine_eval(drafters: list[str], *, engine: str = "llama.cpp", target: s
     settings = engine_settings(model, tokenizer, max_new_tokens)
     conversations, skipped, _ = load_conversations(prompts, limit, tokenizer, settings)
     target_gguf = folder / "gguf" / next(iter(exports)) / next(iter(exports.values()))["target"]
-    configs = engine_configs({name: folder / "gguf" / name / DRAFTER_FILE for name in exports}, draft_tokens, ngram)
+    configs = engine_configs({name: folder / "gguf" / name / DRAFTER_FILE for name in exports}, draft_tokens, ngram, p_mins)
     print(f"draftheads eval --engine llama.cpp: {len(conversations)} prompts from {prompts}, {len(configs)} llama-server "
           f"configurations at once ({tools.server})", flush=True)
     sides = measure_engine(tools.server, target_gguf, configs, conversations, tokenizer, settings, folder / "logs", threads)
@@ -119,7 +129,8 @@ def run_engine_eval(drafters: list[str], *, engine: str = "llama.cpp", target: s
         "created": now(), "engine": {"name": "llama.cpp", "server": str(tools.server), **tools.record},
         "target": {**target_info, "gguf": str(target_gguf)}, "environment": environment(),
         "settings": {"drafters": list(drafters), "prompts": prompts, "limit": limit, "max_new_tokens": max_new_tokens,
-                     "draft_tokens": draft_tokens, "ngram": ngram, "threads": threads, "ours_dtype": target_info["dtype"],
+                     "draft_tokens": draft_tokens, "p_mins": p_mins, "ngram": ngram, "threads": threads,
+                     "ours_dtype": target_info["dtype"],
                      "exports": {name: str(folder / "gguf" / name) for name in exports}},
         "prompt_count": len(conversations), "prompts_skipped": sum(skipped.values()), "skipped_reasons": skipped,
         "configs": [asdict(c) for c in configs], "results": rows,
@@ -164,9 +175,12 @@ def measure_engine(server: Path, target_gguf: Path, configs: list[EngineConfig],
     from tqdm.auto import tqdm
 
     found: dict[str, list[Side]] = {c.name: [] for c in configs}
+    # each server's KV cache holds the longest conversation: its first prompt, every reply, room for the later turns
+    context = min(settings.max_length + 1, max(len(first_chat(tokenizer, c, settings).input_ids)
+                                               + len(c.users) * (settings.max_new_tokens + 256) for c in conversations) + 64)
     with contextlib.ExitStack() as stack:
         servers = {c.name: stack.enter_context(LlamaServer(server, target_gguf, list(c.args), logs / f"{slug(c.name)}.log",
-                                                           threads, settings.max_length + 1)) for c in configs}
+                                                           threads, context)) for c in configs}
         for running in servers.values():   # one-off costs (allocations, the first graphs) out of the numbers
             running.complete(first_chat(tokenizer, conversations[0], settings).input_ids, min(8, settings.max_new_tokens))
         bar = tqdm(total=len(conversations) * len(configs), desc="draftheads eval --engine llama.cpp", unit="run",
@@ -182,12 +196,12 @@ def measure_engine(server: Path, target_gguf: Path, configs: list[EngineConfig],
 def converse(server: LlamaServer, conv: Conversation, tokenizer, settings: EvalSettings) -> Side:
     """Every user turn of `conv` answered by `server`, each turn continuing its own replies (as our loop does)."""
     chat, side = first_chat(tokenizer, conv, settings), Side()
-    while not chat.done:
-        room = settings.max_length - len(chat.input_ids)
-        reply = server.complete(chat.input_ids, min(settings.max_new_tokens, room))
+    limit = min(settings.max_length, server.context - 1)   # what the server's KV cache holds
+    while not chat.done and len(chat.input_ids) < limit:
+        reply = server.complete(chat.input_ids, min(settings.max_new_tokens, limit - len(chat.input_ids)))
         side.tokens += reply.tokens
         side.replies.append(reply)
-        add_reply(tokenizer, chat, reply.tokens, settings.stop_ids, settings.max_length)
+        add_reply(tokenizer, chat, reply.tokens, settings.stop_ids, limit)
     return side
 
 

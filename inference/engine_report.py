@@ -24,10 +24,12 @@ def engine_rows(configs, sides: dict, ours: dict) -> list[dict]:
     rows = []
     for config in configs:
         row = {"config": config.name, "kind": config.kind, "drafter": config.drafter, "draft_tokens": config.draft_tokens,
+               "p_min": config.p_min,
                **summary(sides[config.name])}
         row["speedup"] = row["tokens_per_s"] / plain["tokens_per_s"] if plain["tokens_per_s"] else None
         row.update(compare(sides[configs[0].name], sides[config.name]))
-        mine = ours.get((config.drafter, config.draft_tokens)) if config.kind == "drafter" else None
+        # our loop drafts the whole chain: compared with the engine's own full-length drafts (p_min 0)
+        mine = ours.get((config.drafter, config.draft_tokens)) if config.kind == "drafter" and not config.p_min else None
         row["our_tau"] = mine["tau"] if mine else None
         row["our_acceptance_rates"] = mine["acceptance_rates"] if mine else None
         row["tau_gap"] = row["tokens_per_pass"] / mine["tau"] - 1 if mine and mine["tau"] else None
@@ -116,7 +118,8 @@ def write_engine_plots(folder: Path, rows: list[dict]) -> list[str]:
     if drafters:
         fig, ax = plt.subplots(figsize=(6.5, 4.5))
         for name in drafters:
-            mine = sorted((r for r in rows if r["kind"] == "drafter" and r["drafter"] == name), key=lambda r: r["draft_tokens"])
+            mine = sorted((r for r in rows if r["kind"] == "drafter" and r["drafter"] == name and not r["p_min"]),
+                          key=lambda r: r["draft_tokens"])
             ns = [r["draft_tokens"] for r in mine]
             ax.plot(ns, [r["tokens_per_pass"] or 0 for r in mine], marker="o", label=f"{name}: llama.cpp tokens/pass")
             if any(r["our_tau"] for r in mine):

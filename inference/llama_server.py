@@ -62,6 +62,7 @@ class LlamaServer:
                         "-t", str(threads or os.cpu_count() or 1), "-c", str(context), "-np", "1", "--no-webui",
                         "--no-warmup", *args]
         self.url = f"http://127.0.0.1:{self.command[self.command.index('--port') + 1]}"
+        self.context = context
         self.log = Path(log)
         self.process: subprocess.Popen | None = None
 

@@ -46,7 +46,7 @@ class Prompt:
 class PromptSource:
     """One source of prompts for data generation."""
 
-    source: str = doc("self", "'self' (the target writes prompts), 'humaneval', 'tasks' (evaluation only), a hub dataset, or a local json/jsonl/parquet/csv file")
+    source: str = doc("self", "'self' (the target writes prompts), 'humaneval', 'tasks' or 'long' (evaluation only), a hub dataset, or a local json/jsonl/parquet/csv file")
     weight: float = doc(1.0, "relative share of the prompts drawn from this source")
     split: str = doc("train", "dataset split")
     subset: str | None = doc(None, "dataset configuration name")
@@ -227,15 +227,21 @@ def humaneval_prompts(limit: int | None = None) -> list[Prompt]:
     return [Prompt([HUMANEVAL_INSTRUCTION.format(prompt=p["prompt"])], source="humaneval", row=i) for i, p in enumerate(problems)]
 
 
-TASKS_FILE = Path(__file__).parent / "prompt_sets" / "tasks.jsonl"
+PROMPT_SETS = Path(__file__).parent / "prompt_sets"
+# the bundled evaluation sets, never trained on:
+# tasks  8 task kinds x 10 prompts (multi-turn, writing, reasoning, math, coding, translation, summarization of a
+#        passage, answering from several documents), written for draftheads; the rows cycle through the kinds, so the
+#        first 8 n prompts hold n of each kind
+# long   4 long-context kinds x 6 prompts of 400-2,000 tokens (summarization, extraction, a question on an article,
+#        answering from four articles), written by the target with seeds no training run uses
+#        (benchmarks/long_prompts.py); the rows cycle through the kinds
+EVAL_SETS = ("tasks", "long")
 
 
-def task_prompts(limit: int | None = None) -> list[Prompt]:
-    """The bundled evaluation set of 8 task kinds x 10 prompts (multi-turn, writing, reasoning, math, coding,
-    translation, summarization of a passage, answering from several documents), written for draftheads and never
-    trained on. The rows cycle through the kinds, so the first 8 n prompts hold n of each kind."""
-    rows = [json.loads(line) for line in TASKS_FILE.read_text().splitlines() if line.strip()][:limit]
-    return [Prompt(list(r["turns"]), source="tasks", row=i, kind=r["kind"]) for i, r in enumerate(rows)]
+def task_prompts(limit: int | None = None, name: str = "tasks") -> list[Prompt]:
+    """A bundled evaluation set (EVAL_SETS) with its task kinds."""
+    rows = [json.loads(line) for line in (PROMPT_SETS / f"{name}.jsonl").read_text().splitlines() if line.strip()][:limit]
+    return [Prompt(list(r["turns"]), source=name, row=i, kind=r["kind"]) for i, r in enumerate(rows)]
 
 
 def load_source(src, skipped: collections.Counter | None = None) -> list[Prompt]:
@@ -243,8 +249,8 @@ def load_source(src, skipped: collections.Counter | None = None) -> list[Prompt]
     skipped = collections.Counter() if skipped is None else skipped
     if src.source == "humaneval":
         return humaneval_prompts(src.limit)
-    if src.source == "tasks":
-        return task_prompts(src.limit)
+    if src.source in EVAL_SETS:
+        return task_prompts(src.limit, src.source)
     return load_table_source(src, skipped)
 
 
@@ -402,8 +408,8 @@ def collect_prompts(data, write: Writer | None = None, have: list[Prompt] = (), 
     salt = 7919 * len(have)  # 0 for a first collection: its seeds stay what they always were
     pools = {}
     for i, src in enumerate(data.prompts):
-        if src.source == "tasks":   # an evaluation set trained on would make its figures meaningless
-            raise DraftheadsError("data.prompts: 'tasks' is the bundled evaluation set and is never trained on; "
+        if src.source in EVAL_SETS:   # an evaluation set trained on would make its figures meaningless
+            raise DraftheadsError(f"data.prompts: '{src.source}' is a bundled evaluation set and is never trained on; "
                                   "use 'self', 'humaneval', a hub dataset or a local file")
         if src.source != "self":
             pool = load_source(src, skipped)

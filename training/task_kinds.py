@@ -8,7 +8,7 @@ target writes, so nothing is downloaded.
   `starts_with` (Magpie).
 - Passage kinds (summarization, extraction, qa, retrieval): the target first writes a request for an article on a
   subject of its choosing, then the article itself (up to `passage_tokens`); for qa and retrieval it then writes a
-  question the article answers. The prompt puts the article (retrieval: among two articles written for other prompts)
+  question the article answers. The prompt puts the article (retrieval: among three articles written for other prompts)
   with one of our instructions: real prompts of hundreds to a couple of thousand tokens.
 - multi-turn: a first message of a message kind, then one or two follow-ups (ours, FOLLOW_UPS), answered turn by turn.
 
@@ -27,8 +27,8 @@ from typing import Callable
 from draftheads.core.errors import DraftheadsError
 
 # The default mixture (kinds: general), by weight: every kind of the evaluation set and more; code keeps a large share
-# (a HumanEval drafter should lose little), long passages a third of the prompts.
-GENERAL = {"open": 1.0, "writing": 1.0, "role-play": 0.5, "reasoning": 1.0, "math": 1.0, "coding": 3.0, "stem": 1.0,
+# (a quarter: the drafter should stay close to a HumanEval-tuned one there), the passage kinds near a quarter.
+GENERAL = {"open": 1.0, "writing": 1.0, "role-play": 0.5, "reasoning": 1.0, "math": 1.0, "coding": 4.0, "stem": 1.0,
            "humanities": 0.5, "translation": 1.0, "summarization": 1.0, "extraction": 0.5, "qa": 1.0, "retrieval": 1.0,
            "multi-turn": 1.0}
 
@@ -72,7 +72,7 @@ FOLLOW_UPS = ("Can you make that shorter?", "Can you explain that in simpler wor
 MULTI_TURN_FIRST = ("writing", "reasoning", "coding", "stem", "humanities", "math", "open")
 PASSAGE_KINDS = ("summarization", "extraction", "qa", "retrieval")
 KINDS = (*LEADS, *PASSAGE_KINDS, "multi-turn")
-DOCUMENTS_PER_RETRIEVAL = 3
+DOCUMENTS_PER_RETRIEVAL = 4
 
 
 @dataclass

@@ -49,10 +49,10 @@ class FakeTarget:
 def test_the_general_mixture_writes_every_kind_by_weight():
     fake = FakeTarget()
     src = PromptSource(source="self", kinds="general")
-    prompts = kinds_prompts(Writers(fake.write, fake.reply), 58, src, seed=0, skipped=collections.Counter())
+    prompts = kinds_prompts(Writers(fake.write, fake.reply), 62, src, seed=0, skipped=collections.Counter())
     counts = collections.Counter(p.kind for p in prompts)
-    assert set(counts) == set(GENERAL) and sum(counts.values()) == 58   # 4 x the weights, which sum to 14.5
-    assert counts["coding"] == 3 * counts["writing"]                       # 3 : 1 by weight
+    assert set(counts) == set(GENERAL) and sum(counts.values()) == 62   # 4 x the weights, which sum to 15.5
+    assert counts["coding"] == 4 * counts["writing"]                       # 4 : 1 by weight
     assert len({tuple(p.turns) for p in prompts}) == len(prompts)          # distinct
     by_kind = {p.kind: p for p in prompts}
     assert any(by_kind["coding"].turns[0].startswith(lead) for lead in LEADS["coding"])
@@ -61,7 +61,7 @@ def test_the_general_mixture_writes_every_kind_by_weight():
     assert "The river town grew around a mill" in summary and len(summary.split()) > 80
     assert re.search(r"Question: What did the town build|based on the text above, what did", by_kind["qa"].turns[0], re.I)
     docs = re.findall(r"Document \d:\n", by_kind["retrieval"].turns[0])
-    assert len(docs) == 3 and "What did the town build" in by_kind["retrieval"].turns[0]
+    assert len(docs) == 4 and "What did the town build" in by_kind["retrieval"].turns[0]
     multi = by_kind["multi-turn"].turns
     assert len(multi) in (2, 3) and all(turn in FOLLOW_UPS for turn in multi[1:])
 
@@ -71,8 +71,8 @@ def test_retrieval_documents_are_other_prompts_articles():
     src = PromptSource(source="self", kinds={"retrieval": 1})
     prompts = kinds_prompts(Writers(fake.write, fake.reply), 4, src, seed=1, skipped=collections.Counter())
     years = [set(re.findall(r"mill in (\d+)", p.turns[0])) for p in prompts]
-    assert all(len(y) == 3 for y in years)                     # three different articles in each
-    assert len(set.union(*years)) < 3 * len(prompts)           # shared among the prompts: the others' articles
+    assert all(len(y) == 4 for y in years)                     # four different articles in each
+    assert len(set.union(*years)) < 4 * len(prompts)           # shared among the prompts: the others' articles
 
 
 def test_passages_are_written_at_passage_tokens_and_unusable_ones_redrawn():
