@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from draftheads.core.config import suggest
 from draftheads.core.errors import DraftheadsError
 
 # The default mixture (kinds: general), by weight: every kind of the evaluation set and more; code keeps a large share
@@ -93,8 +94,6 @@ def resolve_kinds(kinds) -> dict[str, float]:
         raise DraftheadsError(f"data.prompts: kinds must be 'general' or a mapping {{kind: weight}}, got {kinds!r}")
     for kind, weight in kinds.items():
         if kind not in KINDS:
-            from draftheads.core.config import suggest
-
             raise DraftheadsError(f"data.prompts: unknown task kind '{kind}'{suggest(str(kind), KINDS)}; kinds are {', '.join(KINDS)}")
         if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0:
             raise DraftheadsError(f"data.prompts: the weight of kind '{kind}' must be a positive number, got {weight!r}")
