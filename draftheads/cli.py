@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("drafters", nargs="*", help="drafter or run folders")
     p.add_argument("--target", default=None, help="target spec (default: the drafter's target)")
     # unset flags take the eval: section of the recipe that trained the first drafter, else its defaults
-    p.add_argument("--prompts", default=None, help="humaneval, tasks (8 task kinds x 10, multi-turn and long passages), a local file, or a hub dataset (default: humaneval)")
+    p.add_argument("--prompts", default=None, help="humaneval, tasks (8 task kinds x 10, multi-turn and passages), long (22 passage prompts of 4 kinds, 120-1,830 tokens), a local file, or a hub dataset (default: humaneval)")
     p.add_argument("--limit", type=int, default=None, help="at most this many prompts (default: 20)")
     p.add_argument("--accept", default=None, help="comma-separated: greedy,strict,typical (default: greedy)")
     p.add_argument("--temperature", default=None, help="comma-separated temperatures (default: 0)")

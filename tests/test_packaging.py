@@ -20,7 +20,7 @@ def test_wheel_maps_top_level_folders_into_the_package(tmp_path):
     assert tops == {"draftheads"}, tops  # nothing under a generic name like `training`
     for expected in ("draftheads/heads/medusa.py", "draftheads/training/target.py", "draftheads/core/tree.py", "draftheads/interop/vllm.py",
                      "draftheads/recipes/eagle-smollm2.yaml", "draftheads/recipes/accelerate/__init__.py",
-                     "draftheads/training/prompt_sets/tasks.jsonl"):
+                     "draftheads/training/prompt_sets/tasks.jsonl", "draftheads/training/prompt_sets/long.jsonl"):
         assert expected in names
 
     site = tmp_path / "site"

@@ -232,7 +232,7 @@ PROMPT_SETS = Path(__file__).parent / "prompt_sets"
 # tasks  8 task kinds x 10 prompts (multi-turn, writing, reasoning, math, coding, translation, summarization of a
 #        passage, answering from several documents), written for draftheads; the rows cycle through the kinds, so the
 #        first 8 n prompts hold n of each kind
-# long   4 long-context kinds x 6 prompts of 400-2,000 tokens (summarization, extraction, a question on an article,
+# long   22 prompts of the 4 passage kinds, 120-1,830 tokens (summarization, extraction, a question on an article,
 #        answering from four articles), written by the target with seeds no training run uses
 #        (benchmarks/long_prompts.py); the rows cycle through the kinds
 EVAL_SETS = ("tasks", "long")

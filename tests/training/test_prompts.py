@@ -146,6 +146,18 @@ def test_tasks_set_cycles_through_eight_kinds_and_is_never_trained_on():
         collect_prompts(DataConfig(prompts=[PromptSource(source="tasks")], num_prompts=4))
 
 
+def test_long_set_cycles_through_the_passage_kinds_at_long_context_lengths_and_is_never_trained_on():
+    prompts = load_source(PromptSource(source="long"))
+    kinds = collections.Counter(p.kind for p in prompts)
+    assert set(kinds) == {"summarization", "extraction", "qa", "retrieval"} and min(kinds.values()) >= 5
+    assert [p.kind for p in load_source(PromptSource(source="long", limit=4))] == ["summarization", "extraction", "qa", "retrieval"]
+    assert min(len(p.turns[0]) for p in prompts) > 500                               # an article each
+    assert min(len(p.turns[0]) for p in prompts if p.kind == "retrieval") > 5000    # four articles
+    assert len({tuple(p.turns) for p in prompts}) == len(prompts)
+    with pytest.raises(DraftheadsError, match="bundled evaluation set and is never trained on"):
+        collect_prompts(DataConfig(prompts=[PromptSource(source="long")], num_prompts=4))
+
+
 def test_quotas_follow_weights_and_availability():
     assert quotas([3, 1], 40) == [30, 10]
     assert sum(quotas([1, 1, 1], 10)) == 10
