@@ -28,16 +28,15 @@ import numpy as np
 
 def requantize(src: Path, dst: Path, kind: str) -> Path:
     """The GGUF at `src` with every 2-D quantized or float matrix requantized to `kind` (Q4_0, Q8_0, ...)."""
-    from gguf import GGMLQuantizationType as Q, GGUFReader, GGUFValueType, GGUFWriter
+    from draftheads.interop.llama_cpp import copy_fields
+    from gguf import GGMLQuantizationType as Q, GGUFReader, GGUFWriter
     from gguf.quants import dequantize, quantize
 
     to = getattr(Q, kind)
     reader = GGUFReader(str(src))
     writer = GGUFWriter(str(dst), arch=reader.fields["general.architecture"].contents())
-    for name, field in reader.fields.items():
-        if not name.startswith("GGUF.") and name != "general.architecture":
-            array = field.types[0] == GGUFValueType.ARRAY
-            writer.add_key_value(name, field.contents(), field.types[0], sub_type=field.types[-1] if array else None)
+    # the writer adds the GGUF.* header fields and the architecture itself
+    copy_fields(reader, writer, lambda name: not name.startswith("GGUF.") and name != "general.architecture")
     for t in reader.tensors:
         shape = [int(n) for n in reversed(t.shape.tolist())]
         data = np.array(t.data)
@@ -56,7 +55,8 @@ def requantize(src: Path, dst: Path, kind: str) -> Path:
 def synthetic_target(shipped: Path, dst: Path, hidden: int, layers: int, ffn: int, kind: str = "Q4_0") -> Path:
     """A Llama of the given sizes with random weights in `kind`, the shipped target's tokenizer and vocabulary: what a
     decode step and a verification of k tokens cost on a bigger model (its outputs mean nothing)."""
-    from gguf import GGMLQuantizationType as Q, GGUFReader, GGUFValueType, GGUFWriter
+    from draftheads.interop.llama_cpp import copy_tokenizer
+    from gguf import GGMLQuantizationType as Q, GGUFReader, GGUFWriter
     from gguf.quants import quantize
 
     reader = GGUFReader(str(shipped))
@@ -68,10 +68,7 @@ def synthetic_target(shipped: Path, dst: Path, hidden: int, layers: int, ffn: in
         writer.add_uint32(f"llama.{key}", value)
     writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
     writer.add_float32("llama.rope.freq_base", 10000.0)
-    for name, field in reader.fields.items():
-        if name.startswith("tokenizer."):
-            array = field.types[0] == GGUFValueType.ARRAY
-            writer.add_key_value(name, field.contents(), field.types[0], sub_type=field.types[-1] if array else None)
+    copy_tokenizer(reader, writer)
     rng, to = np.random.default_rng(0), getattr(Q, kind)
 
     def matrix(name: str, rows: int, cols: int) -> None:

@@ -225,10 +225,15 @@ def add_value(writer, key: str, value) -> None:
 
 def copy_tokenizer(reader, writer) -> None:
     """Every tokenizer.* field of the target GGUF, with its own value types."""
+    copy_fields(reader, writer, lambda name: name.startswith("tokenizer."))
+
+
+def copy_fields(reader, writer, keep) -> None:
+    """The fields of a GGUF whose names `keep(name)` accepts, each with its own value types."""
     from gguf import GGUFValueType
 
     for name, field in reader.fields.items():
-        if name.startswith("tokenizer."):
+        if keep(name):
             array = field.types[0] == GGUFValueType.ARRAY
             writer.add_key_value(name, field.contents(), field.types[0], sub_type=field.types[-1] if array else None)
 
