@@ -64,7 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens generated per prompt (default: 128)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     p.add_argument("--out", default=None, help="report folder (default: a timestamped folder)")
-    p.add_argument("--combined", action="store_true", help="also measure each learned drafter combined with prompt lookup")
+    p.add_argument("--combined", nargs="?", const="graft", default=None, choices=["graft", "switch", "all"],
+                   help="also measure each learned drafter combined with prompt lookup: graft (the default: the lookup "
+                        "chain grafted onto the learned tree), switch (the lookup chain alone while the text is being "
+                        "copied, the grafted tree otherwise), all (both)")
     p.add_argument("--batch-size", default=None,
                    help="comma-separated batch sizes, e.g. 1,2,4,8,16: the speedup-vs-batch curve (default: 1)")
     p.add_argument("--plain-above", type=int, default=None, help="decode plainly while more than this many rows are generating")
@@ -202,7 +205,7 @@ def cmd_eval(args) -> int:
         args.drafters, target=args.target, prompts=_given(args.prompts, recipe.prompts), limit=_given(args.limit, recipe.limit),
         accept=accept, temperatures=temperatures, tree=_given(args.tree, recipe.tree),
         max_new_tokens=_given(args.max_new_tokens, recipe.max_new_tokens), dtype=args.dtype, out=args.out,
-        combined=args.combined, seed=recipe.seed, typical_epsilon=recipe.typical_epsilon, typical_delta=recipe.typical_delta,
+        combined=args.combined or False, seed=recipe.seed, typical_epsilon=recipe.typical_epsilon, typical_delta=recipe.typical_delta,
         batch_sizes=batch_sizes, plain_above=_given(args.plain_above, recipe.plain_above),
         refresh_profile=args.refresh_profile, tau_from=args.tau_from,
     )

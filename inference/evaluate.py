@@ -6,7 +6,9 @@
 
 Drafter specs: a drafter or run folder (a learned drafter); 'lookup' (prompt lookup, which is always
 measured anyway as the no-training baseline); 'FOLDER+lookup' (that drafter combined with prompt
-lookup, see inference/combined.py; `combined=True` adds one for every learned drafter).
+lookup, see inference/combined.py); 'FOLDER+lookup-switch' (the same, verifying the lookup chain alone
+while the text is being copied). `combined=True` or 'graft' adds the first for every learned drafter,
+'switch' the second, 'all' both.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ LOOKUP_NAMES = ("lookup", "prompt-lookup")
 def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "humaneval", limit: int | None = None,
              accept: list[str] = ("greedy",), temperatures: list[float] = (0.0,), tree: str | None = None,
              max_new_tokens: int = 128, dtype: str = "auto", out: str | None = None, target_model=None,
-             combined: bool = False, seed: int = 0, top_k: int = 0, top_p: float = 1.0, typical_epsilon: float = 0.09,
+             combined: bool | str = False, seed: int = 0, top_k: int = 0, top_p: float = 1.0, typical_epsilon: float = 0.09,
              typical_delta: float = 0.3, batch_sizes: list[int] = (1,), plain_above: int | None = None,
              refresh_profile: bool = False, tau_from: str | None = None, progress: bool = True) -> Path:
     """Measure every drafter x rule x temperature on the prompts; write and print the report; return its folder.
@@ -67,6 +69,7 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
     the rows it measured with the same drafter, tree, rule and temperature, instead of the calibration prompts'.
     """
     check_settings(accept, temperatures, max_new_tokens, limit)
+    combined = combined_modes(combined)
     batch_sizes = check_batch_settings(batch_sizes, plain_above)
     check_report_folder(out)  # before minutes of work, not after
     earlier = read_earlier(tau_from) if tau_from else None
@@ -200,9 +203,32 @@ def first_run_recipe(drafters: list[str]) -> dict | None:
     return run_recipe(resolve_drafter_folder(paths[0])) if paths else None
 
 
+COMBINED_SUFFIXES = {"+lookup": "graft", "+lookup-switch": "switch"}
+COMBINED_MODES = {"graft": ["graft"], "switch": ["switch"], "all": ["graft", "switch"]}
+
+
+def combined_modes(combined: bool | str) -> list[str]:
+    """--combined: False -> none; True or 'graft' -> lookup grafted onto every learned tree; 'switch'; 'all' both."""
+    if combined is False or combined is None:
+        return []
+    if combined is True:
+        return ["graft"]
+    if combined not in COMBINED_MODES:
+        raise DraftheadsError(f"--combined takes {', '.join(COMBINED_MODES)}, got {combined!r}")
+    return COMBINED_MODES[combined]
+
+
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """'FOLDER+lookup-switch' -> ('FOLDER', 'switch'); a spec without a lookup suffix -> (spec, None)."""
+    for suffix, mode in COMBINED_SUFFIXES.items():
+        if spec.endswith(suffix):
+            return spec[: -len(suffix)], mode
+    return spec, None
+
+
 def learned_paths(specs: list[str]) -> list[str]:
     """The learned drafters' folders among drafter specs ('FOLDER', 'FOLDER+lookup'; lookup itself left out)."""
-    paths = (spec.removesuffix("+lookup") for spec in specs)
+    paths = (split_spec(spec)[0] for spec in specs)
     return [path for path in paths if path not in LOOKUP_NAMES]
 
 
@@ -222,22 +248,24 @@ def saved_eval_settings(drafters: list[str]):
     return build(EvalConfig, saved["eval"], "eval") if saved and saved.get("eval") else EvalConfig()
 
 
-def build_entries(specs: list[str], model, requested: Tree | DynamicTreeSpec | None, combined: bool) -> list[Entry]:
-    """The prompt-lookup baseline first, then each learned drafter (and its combination with lookup)."""
+def build_entries(specs: list[str], model, requested: Tree | DynamicTreeSpec | None,
+                  combined: list[str] = ()) -> list[Entry]:
+    """The prompt-lookup baseline first, then each learned drafter (and its combinations with lookup: modes
+    'graft' and 'switch', from the spec's suffix and `combined`)."""
     lookup_tree = requested if isinstance(requested, Tree) else None
     entries = [lookup_entry(lookup_tree)]
     learned = {}
     for spec in specs:
-        path, plus = (spec[: -len("+lookup")], True) if spec.endswith("+lookup") else (spec, False)
+        path, mode = split_spec(spec)
         if path in LOOKUP_NAMES:
             continue
         if path not in learned:
             learned[path] = learned_entry(path, model, requested, [e.name for e in entries])
             entries.append(learned[path])
-        if plus or combined:
-            name = f"{learned[path].name}+lookup"
+        for each in ([mode] if mode else []) + list(combined):
+            name = learned[path].name + next(s for s, m in COMBINED_SUFFIXES.items() if m == each)
             if name not in [e.name for e in entries]:
-                entries.append(combined_entry(learned[path], name))
+                entries.append(combined_entry(learned[path], name, switch=each == "switch"))
     return entries
 
 
@@ -262,10 +290,11 @@ def learned_entry(path: str, model, tree, taken: list[str]) -> Entry:
     return Entry(name, "learned", drafter, tree, used.depth, info, draft_limit=drafter.config.depth)
 
 
-def combined_entry(learned: Entry, name: str) -> Entry:
-    drafter = CombinedDrafter(learned.drafter, lookup_depth=LOOKUP_DEPTH)
+def combined_entry(learned: Entry, name: str, switch: bool = False) -> Entry:
+    drafter = CombinedDrafter(learned.drafter, lookup_depth=LOOKUP_DEPTH, switch=switch)
     info = {**learned.info, "combined_with": "prompt-lookup", "lookup_depth": drafter.lookup_depth,
-            "tree": f"{learned.info['tree']} + lookup chain:{drafter.lookup_depth}"}
+            "tree": f"{learned.info['tree']} + lookup chain:{drafter.lookup_depth}",
+            "switch": f"lookup chain alone after {drafter.copy_after}+ copied tokens" if switch else None}
     return Entry(name, "combined", drafter, learned.tree, learned.depth, info, draft_limit=learned.draft_limit)
 
 
@@ -527,7 +556,7 @@ def report_folder(out: str | None, drafters: list[str]) -> Path:
         return Path(out)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     for spec in drafters:
-        path = Path(spec.removesuffix("+lookup"))
+        path = Path(split_spec(spec)[0])
         if path.is_dir() and (path / "final").is_dir():
             return path / f"eval-{stamp}"
     return Path("runs") / f"eval-{stamp}"

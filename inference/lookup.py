@@ -70,6 +70,13 @@ class PromptLookupDrafter:
                     found.append(follow)
         return found
 
+    def chain(self, history: list[int], length: int) -> list[int]:
+        """The chain of at most `length` tokens this drafter proposes with Tree.chain(length): the most recent
+        match's continuation, carried on by older matches that agree with it (inside a loop the most recent
+        match is followed by only a token or two)."""
+        trie = self._trie(history, Tree.chain(length))
+        return [trie[(0,) * depth] for depth in range(1, len(trie) + 1)]
+
     def _trie(self, history: list[int], tree: Tree) -> dict[tuple[int, ...], int]:
         """path -> token for the requested tree's paths that some continuation fills."""
         wanted = set(tree.paths)

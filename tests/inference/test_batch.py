@@ -30,6 +30,7 @@ KINDS = {
     "mtp": lambda model: draftheads.build_drafter("mtp", model, depth=3),
     "lookup": lambda model: PromptLookupDrafter(),
     "combined": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model)),
+    "switch": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model), switch=True),
 }
 TREES = {"chain": "chain:3", "static": STATIC, "dynamic": "dynamic:3,3,8"}
 STATIC_ONLY = {"medusa", "lookup"}

@@ -12,6 +12,7 @@ import torch
 
 import draftheads.inference.decoder as decoder_module  # the loop that calls the rule
 import draftheads.inference.generate as generate_module
+from draftheads.inference.generate import speculative_generate
 import draftheads.inference.measure as measure_module
 from draftheads.core.errors import DraftheadsError
 from draftheads.inference.accept import Acceptance
@@ -139,6 +140,54 @@ def test_combined_drafter_adds_the_lookup_continuation():
     paths = {tuple(tokens[n] for n in proposal.tree.ancestors(node)[1:]) for node in range(proposal.tree.num_nodes)}
     assert (3, 9, 7, 1) in paths                           # what followed the earlier "1 2"
     assert proposal.q is None and tokens[0] == 2
+
+
+def test_switch_verifies_the_lookup_chain_alone_while_text_is_copied():
+    learned = RandomDrafter(50, tree=Tree.chain(2))
+    drafter = CombinedDrafter(learned, lookup_depth=4, switch=True, copy_after=2)
+    drafter.reset()
+    drafter.observe(torch.zeros(1, 7, 0), torch.tensor([[1, 2, 3, 9, 7, 1, 2]]))
+    first = drafter.propose(Tree.chain(2))          # nothing copied yet: the learned tree with lookup grafted on
+    assert first.tree.num_nodes == 1 + 2 + 4
+    drafter.observe(torch.zeros(1, 3, 0), torch.tensor([[3, 9, 7]]))   # three of the chain 3 9 7 1 committed
+    calls = []
+    learned.propose = lambda *a, **k: calls.append(1)                   # must not be asked to draft
+    copying = drafter.propose(Tree.chain(2))
+    assert copying.tree.paths == Tree.chain(4).paths and calls == []
+    assert copying.tokens[0].tolist() == [7, 1, 2, 3, 9]               # what followed the earlier "3 9 7"
+    del learned.propose
+    drafter.observe(torch.zeros(1, 2, 0), torch.tensor([[6, 1]]))       # the chain 1 2 3 9 missed at its first token
+    again = drafter.propose(Tree.chain(2))                              # lookup still finds "2 3 9 7" after "1"
+    assert again.tree.num_nodes == 1 + 2 + 4 and again.tokens[0].tolist()[0] == 1
+
+
+def test_switch_keeps_greedy_output_and_drafts_lookup_alone_in_a_loop():
+    """The tiny Qwen2's greedy text falls into loops: the switch verifies the lookup chain alone there, the
+    output stays plain decoding's, and tau is the grafted combination's."""
+    from tests.inference.test_batch import PROMPTS, target
+    model = target("qwen2")
+    plain = speculative_generate(model, None, PROMPTS[2], 60, eos_token_id=[])
+    alone = []
+    for switch in (False, True):
+        drafter = CombinedDrafter(RandomDrafter(model.config.vocab_size, tree=Tree.chain(3)), switch=switch)
+        propose = drafter.propose
+        def counted(*args, **kw):
+            proposal = propose(*args, **kw)
+            alone.append(switch and proposal.tree.num_nodes == 1 + len(drafter.last_chain) > 1)
+            return proposal
+        drafter.propose = counted
+        out = speculative_generate(model, drafter, PROMPTS[2], 60, tree="chain:3", eos_token_id=[])
+        assert out.rows == plain.rows and out.stats.tau > 2
+    assert sum(alone) >= 3
+
+
+def test_build_entries_names_each_combination_mode():
+    model, _ = fixture()
+    from draftheads.inference.evaluate import build_entries, combined_modes, split_spec
+    assert split_spec("runs/x+lookup-switch") == ("runs/x", "switch") and split_spec("runs/x+lookup") == ("runs/x", "graft")
+    assert combined_modes(True) == ["graft"] and combined_modes("all") == ["graft", "switch"] and combined_modes(False) == []
+    with pytest.raises(DraftheadsError, match="--combined takes"):
+        combined_modes("both")
 
 
 # ---------------------------------------------------------------- measurement

@@ -25,6 +25,13 @@ def test_chain_follows_the_most_recent_earlier_occurrence():
     assert proposal.tokens.tolist() == [[3, 7, 6, 1]] and proposal.q is None
 
 
+def test_chain_inside_a_loop_is_carried_on_by_older_matches():
+    # the most recent "7 7 7" is followed by one token only; older ones carry the chain to its full length
+    drafter = drafter_after([5] + [7] * 8)
+    assert drafter.chain(drafter.history[0], 6) == [7] * 6
+    assert drafter.chain([1, 2, 3], 6) == []
+
+
 def test_longer_ngrams_win_over_more_recent_shorter_ones():
     # the 2-gram (4, 5) occurred long ago followed by 6; the 1-gram (5) occurred recently followed by 0
     drafter = drafter_after([4, 5, 6, 7, 5, 0, 4, 5], max_ngram=2)
