@@ -3,8 +3,9 @@
 Each step the learned drafter proposes its tree (top-k children, deterministic), and the chain prompt
 lookup would propose alone (longest n-gram match, most recent, carried on by older matches) is walked
 down from the root: while its tokens equal a learned node's they share that node, and from the first
-token the learned tree lacks it continues as a new branch (the next free sibling rank). The target then verifies both in one forward
-and the acceptance rule keeps whichever path is better, so neither source is ever chosen up front.
+token the learned tree lacks it continues as a new branch (the next free sibling rank). The target then
+verifies both in one forward and the acceptance rule keeps whichever path is better, so neither source
+is ever chosen up front.
 Copying from the prompt is where learned heads are weakest (long verbatim spans, code identifiers), so
 the two complement each other.
 
@@ -12,9 +13,9 @@ With `switch=True` the combination stops paying for the learned tree while the t
 when the previous lookup chain had at least `copy_after` of its tokens committed and lookup finds a
 continuation again, the lookup chain is verified alone (no learned drafting, a verification of
 lookup_depth + 1 tokens instead of the whole tree); the first time lookup misses or finds nothing,
-the grafted tree comes back. On a CPU where drafting a 6-deep tree costs half a decode step and a
-25-node verification 1.5, that is the difference between beating prompt lookup on copy-heavy text
-(retrieval, translation, quoting summaries) and losing to it.
+the grafted tree comes back. It saves the learned drafting (half a decode step for a 6-deep tree on a
+2-core CPU) where lookup carries the text; measured there it pays on copy-heavy retrieval and loses
+elsewhere, where the learned branches it drops would have been accepted (README, general drafter).
 
 Children are always deterministic (Proposal.q is None): the learned drafter is asked for its top-k
 (generator=None) so that every rule, strict sampling included, treats all drafts as point masses and
@@ -30,6 +31,7 @@ import torch
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.drafter import Proposal
 from draftheads.inference.lookup import PromptLookupDrafter
+from draftheads.inference.stats import shared_prefix_length
 from draftheads.core.tree import Tree
 
 
@@ -53,16 +55,6 @@ def graft(tree: Tree, tokens: list[int], chain: list[int]) -> tuple[Tree, list[i
         by_path[path] = token
     merged = Tree.from_paths([p for p in by_path if p])
     return merged, [by_path[()]] + [by_path[p] for p in merged.paths]
-
-
-def committed_prefix(chain: list[int], committed: list[int]) -> int:
-    """How many of the chain's tokens the step committed: the accepted drafts come first in `committed`."""
-    count = 0
-    for drafted, kept in zip(chain, committed):
-        if drafted != kept:
-            break
-        count += 1
-    return count
 
 
 class CombinedDrafter:
@@ -96,7 +88,8 @@ class CombinedDrafter:
         # the learned drafter observes every step, drafted or not, so its cache never falls behind
         self.learned.observe(features, next_tokens)
         self.lookup.observe(features, next_tokens)
-        self.copied = committed_prefix(self.last_chain, next_tokens[0].tolist())
+        # the step's accepted drafts come first in next_tokens: how far along the chain they went
+        self.copied = shared_prefix_length(self.last_chain, next_tokens[0].tolist())
         self.last_chain = []
 
     def default_tree(self):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from draftheads.inference.plots import save, _pyplot
 from draftheads.inference.report import _f
+from draftheads.inference.stats import shared_prefix_length
 
 
 def engine_rows(configs, sides: dict, ours: dict) -> list[dict]:
@@ -54,7 +55,7 @@ def summary(sides: list) -> dict:
 def compare(plain: list, spec: list) -> dict:
     """Conversations whose greedy output differs from llama.cpp's plain greedy output, and where they part."""
     bad = [(i, a.tokens, b.tokens) for i, (a, b) in enumerate(zip(plain, spec)) if a.tokens != b.tokens]
-    first = [next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) for _, a, b in bad]
+    first = [shared_prefix_length(a, b) for _, a, b in bad]
     return {"greedy_mismatches": len(bad), "mismatched_prompts": [i for i, _, _ in bad], "first_divergence": first}
 
 

@@ -41,7 +41,7 @@ from draftheads.inference.profile import context_limit, drafter_profile, folder_
 from draftheads.inference.report import (batch_curve, describe_tree, environment, format_batch_table, format_table, now,
                                          summarise, write_report)
 from draftheads.inference.earlier_report import EarlierReport, read_earlier
-from draftheads.inference.stats import GenerationStats
+from draftheads.inference.stats import GenerationStats, shared_prefix_length
 from draftheads.interop.load import load_drafter
 from draftheads.interop.native import read_config, resolve_drafter_folder, target_summary
 from draftheads.training.chat import stop_token_ids
@@ -203,7 +203,7 @@ def first_run_recipe(drafters: list[str]) -> dict | None:
     return run_recipe(resolve_drafter_folder(paths[0])) if paths else None
 
 
-COMBINED_SUFFIXES = {"+lookup": "graft", "+lookup-switch": "switch"}
+MODE_SUFFIX = {"graft": "+lookup", "switch": "+lookup-switch"}   # the drafter spec / report name of each mode
 COMBINED_MODES = {"graft": ["graft"], "switch": ["switch"], "all": ["graft", "switch"]}
 
 
@@ -220,7 +220,7 @@ def combined_modes(combined: bool | str) -> list[str]:
 
 def split_spec(spec: str) -> tuple[str, str | None]:
     """'FOLDER+lookup-switch' -> ('FOLDER', 'switch'); a spec without a lookup suffix -> (spec, None)."""
-    for suffix, mode in COMBINED_SUFFIXES.items():
+    for mode, suffix in MODE_SUFFIX.items():
         if spec.endswith(suffix):
             return spec[: -len(suffix)], mode
     return spec, None
@@ -263,7 +263,7 @@ def build_entries(specs: list[str], model, requested: Tree | DynamicTreeSpec | N
             learned[path] = learned_entry(path, model, requested, [e.name for e in entries])
             entries.append(learned[path])
         for each in ([mode] if mode else []) + list(combined):
-            name = learned[path].name + next(s for s, m in COMBINED_SUFFIXES.items() if m == each)
+            name = learned[path].name + MODE_SUFFIX[each]
             if name not in [e.name for e in entries]:
                 entries.append(combined_entry(learned[path], name, switch=each == "switch"))
     return entries
@@ -523,7 +523,7 @@ def compare_outputs(plain: list, spec: list, cfg: RunConfig, conversations) -> d
     if not cfg.sampled:
         bad = [(c.prompt_id, a.tokens, b.tokens) for c, a, b in zip(conversations, plain, spec) if a.tokens != b.tokens]
         # where the outputs part: late divergences after near-ties are bf16 rounding, early ones a broken loop
-        first = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) for _, a, b in bad]
+        first = [shared_prefix_length(a, b) for _, a, b in bad]
         out.update(greedy_mismatches=len(bad), mismatched_prompts=[i for i, _, _ in bad], first_divergence=first)
     else:
         out["logprob_spec"] = _mean_logprob(spec)

@@ -11,6 +11,11 @@ import dataclasses
 from dataclasses import dataclass, field
 
 
+def shared_prefix_length(a: list, b: list) -> int:
+    """How many leading tokens two sequences share: the index where they part, or the shorter one's length."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def _add(a: list, b: list) -> list:
     """Element-wise sum of two ragged lists of numbers or of lists of numbers (missing entries count as 0)."""
     out = []

@@ -181,9 +181,8 @@ def test_switch_keeps_greedy_output_and_drafts_lookup_alone_in_a_loop():
     assert sum(alone) >= 3
 
 
-def test_build_entries_names_each_combination_mode():
-    model, _ = fixture()
-    from draftheads.inference.evaluate import build_entries, combined_modes, split_spec
+def test_combination_modes_and_their_spec_suffixes():
+    from draftheads.inference.evaluate import combined_modes, split_spec
     assert split_spec("runs/x+lookup-switch") == ("runs/x", "switch") and split_spec("runs/x+lookup") == ("runs/x", "graft")
     assert combined_modes(True) == ["graft"] and combined_modes("all") == ["graft", "switch"] and combined_modes(False) == []
     with pytest.raises(DraftheadsError, match="--combined takes"):
