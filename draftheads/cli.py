@@ -64,10 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens generated per prompt (default: 128)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     p.add_argument("--out", default=None, help="report folder (default: a timestamped folder)")
-    p.add_argument("--combined", nargs="?", const="graft", default=None, choices=["graft", "switch", "all"],
+    p.add_argument("--combined", nargs="?", const="graft", default=None, choices=["graft", "switch", "gate", "all"],
                    help="also measure each learned drafter combined with prompt lookup: graft (the default: the lookup "
                         "chain grafted onto the learned tree), switch (the lookup chain alone while the text is being "
-                        "copied, the grafted tree otherwise), all (both)")
+                        "copied, the grafted tree otherwise), gate (the learned tree drafted only while the tokens it "
+                        "adds pay for its cost on this machine), all (the three)")
     p.add_argument("--batch-size", default=None,
                    help="comma-separated batch sizes, e.g. 1,2,4,8,16: the speedup-vs-batch curve (default: 1)")
     p.add_argument("--plain-above", type=int, default=None, help="decode plainly while more than this many rows are generating")

@@ -17,9 +17,17 @@ the grafted tree comes back. It saves the learned drafting (half a decode step f
 2-core CPU) where lookup carries the text; measured there it pays on copy-heavy retrieval and loses
 elsewhere, where the learned branches it drops would have been accepted (README, general drafter).
 
+With a `gate` (inference/gate.py) the learned tree is drafted only while the tokens it adds pay for what it costs
+on this machine, judged apart for steps where lookup found a chain and steps where it found nothing; a step that
+does not draft it verifies the lookup chain alone, or is a plain decoding step. Where the drafter adds little the
+combination runs as prompt lookup, where it adds much as the grafted tree.
+
+The learned drafter reads the committed positions when it next drafts (its prompt at once), so steps that do not
+draft it cost nothing of it.
+
 Children are always deterministic (Proposal.q is None): the learned drafter is asked for its top-k
 (generator=None) so that every rule, strict sampling included, treats all drafts as point masses and
-stays exact. Which tree is drafted depends only on the committed text, so the switch keeps that too.
+stays exact. Which tree is drafted depends only on the committed text, so the switch and the gate keep that too.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import torch
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.drafter import Proposal
+from draftheads.inference.gate import LearnedGate
 from draftheads.inference.lookup import PromptLookupDrafter
 from draftheads.inference.stats import shared_prefix_length
 from draftheads.core.tree import Tree
@@ -58,39 +67,66 @@ def graft(tree: Tree, tokens: list[int], chain: list[int]) -> tuple[Tree, list[i
 
 
 class CombinedDrafter:
-    """Learned drafter + prompt lookup: the learned tree with the lookup chain as an extra branch (and with
-    `switch`, the lookup chain alone while the text is being copied). One sequence per drafter, like every
-    drafter's state: the batched loop gives each row its own copy (`__copy__`)."""
+    """Learned drafter + prompt lookup: the learned tree with the lookup chain as an extra branch (with `switch`,
+    the lookup chain alone while the text is being copied; with `gate`, the learned tree only while it pays). One
+    sequence per drafter, like every drafter's state: the batched loop gives each row its own copy (`__copy__`)."""
 
     def __init__(self, learned, lookup: PromptLookupDrafter | None = None, lookup_depth: int = 6,
-                 switch: bool = False, copy_after: int = 2):
+                 switch: bool = False, copy_after: int = 2, gate: LearnedGate | None = None):
         if copy_after < 1:
             raise DraftheadsError(f"copy_after counts committed lookup tokens and must be at least 1, got {copy_after}")
+        if switch and gate is not None:
+            raise DraftheadsError("a combination either switches on copied text or gates on cost; give switch or gate")
         self.learned = learned
         self.lookup = lookup or PromptLookupDrafter()
         self.lookup_depth = lookup_depth
-        self.switch, self.copy_after = switch, copy_after
+        self.switch, self.copy_after, self.gate = switch, copy_after, gate
         self.feature_layers = tuple(learned.feature_layers)
+        self.reset_state()
+
+    def reset_state(self) -> None:
         self.last_chain: list[int] = []   # the lookup chain proposed last step ([] when none)
         self.copied = 0                   # how many of its tokens the last step committed
+        self.step: tuple[bool, bool] | None = None   # (lookup found a chain, the learned tree drafted) this step
+        self.unread: list[tuple[torch.Tensor, torch.Tensor]] = []   # committed positions the learned drafter lacks
+        self.learned_started = False
 
     def __copy__(self) -> "CombinedDrafter":
         """Another row's drafter (inference/decoder.py): both parts copied, so each keeps state of its own."""
+        gate = self.gate.fresh() if self.gate is not None else None
         return CombinedDrafter(copy.copy(self.learned), copy.copy(self.lookup), self.lookup_depth,
-                               self.switch, self.copy_after)
+                               self.switch, self.copy_after, gate)
 
     def reset(self) -> None:
         self.learned.reset()
         self.lookup.reset()
-        self.last_chain, self.copied = [], 0
+        if self.gate is not None:
+            self.gate.reset()
+        self.reset_state()
 
     def observe(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        # the learned drafter observes every step, drafted or not, so its cache never falls behind
-        self.learned.observe(features, next_tokens)
         self.lookup.observe(features, next_tokens)
+        if self.learned_started:
+            self.unread.append((features, next_tokens))
+        else:
+            self.learned.observe(features, next_tokens)
+            self.learned_started = True
         # the step's accepted drafts come first in next_tokens: how far along the chain they went
-        self.copied = shared_prefix_length(self.last_chain, next_tokens[0].tolist())
-        self.last_chain = []
+        committed = next_tokens[0].tolist()
+        self.copied = shared_prefix_length(self.last_chain, committed)
+        if self.gate is not None and self.step is not None:
+            has_chain, drafted = self.step
+            without = self.copied + 1   # the chain's accepted prefix, then the target's own token
+            self.gate.record(has_chain, drafted, without, len(committed) - without)
+        self.last_chain, self.step = [], None
+
+    def read_unread(self) -> None:
+        """Give the learned drafter the positions committed since it last drafted, in one pass."""
+        if self.unread:
+            features = torch.cat([f for f, _ in self.unread], dim=1)
+            tokens = torch.cat([t for _, t in self.unread], dim=1)
+            self.unread = []
+            self.learned.observe(features, tokens)
 
     def default_tree(self):
         return self.learned.default_tree()
@@ -100,9 +136,15 @@ class CombinedDrafter:
             raise DraftheadsError("the combined learned + lookup drafter drafts one sequence at a time (batch 1)")
         history = self.lookup.history[0]
         chain = self.last_chain = self.lookup.chain(history, self.lookup_depth)
-        if self.switch and chain and self.copied >= self.copy_after:
-            return Proposal(Tree.chain(len(chain)),
+        if self.gate is not None:
+            drafted = self.gate.draft_learned(bool(chain))
+        else:
+            drafted = not (self.switch and chain and self.copied >= self.copy_after)
+        self.step = (bool(chain), drafted)
+        if not drafted:   # the lookup chain alone (the root alone, a plain step, when lookup found nothing)
+            return Proposal(Tree.from_paths([(0,) * depth for depth in range(1, len(chain) + 1)]),
                             torch.tensor([[history[-1], *chain]], dtype=torch.long, device=self.lookup.device))
+        self.read_unread()
         base = self.learned.propose(tree, temperature=temperature, top_k=top_k, top_p=top_p, generator=None)
         if not chain:
             return Proposal(base.tree, base.tokens)

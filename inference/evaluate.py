@@ -31,6 +31,7 @@ from draftheads.core.tree import AutoTreeSpec, DynamicTreeSpec, Tree, parse_tree
 from draftheads.inference.accept import check_rule
 from draftheads.inference.auto_tree import auto_tree, expected_accepted
 from draftheads.inference.combined import CombinedDrafter
+from draftheads.inference.gate import LearnedGate, gate_costs, measured_costs
 from draftheads.inference.cost_model import StepShape, fastest_tree, predict
 from draftheads.inference.eval_config import EvalConfig
 from draftheads.inference.lookup import PromptLookupDrafter
@@ -86,6 +87,7 @@ def run_eval(drafters: list[str], *, target: str | None = None, prompts: str = "
     lengths = [len(first_chat(tokenizer, c, settings).input_ids) for c in conversations]
     if budget:
         fit_auto_trees(model, tokenizer, entries, calibration, settings, requested, profile, lengths)
+    price_gates(model, tokenizer, entries, calibration, settings, profile, lengths)
     predictions = predict_entries(model, tokenizer, entries, configs, calibration, settings, profile, lengths, earlier)
     print(f"draftheads eval: {len(conversations)} prompts from {prompts}, {len(entries)} drafters "
           f"({', '.join(e.name for e in entries)}), {len(configs)} rule/temperature settings, target {target_info['name']} "
@@ -203,12 +205,12 @@ def first_run_recipe(drafters: list[str]) -> dict | None:
     return run_recipe(resolve_drafter_folder(paths[0])) if paths else None
 
 
-MODE_SUFFIX = {"graft": "+lookup", "switch": "+lookup-switch"}   # the drafter spec / report name of each mode
-COMBINED_MODES = {"graft": ["graft"], "switch": ["switch"], "all": ["graft", "switch"]}
+MODE_SUFFIX = {"graft": "+lookup", "switch": "+lookup-switch", "gate": "+lookup-gate"}   # drafter spec / report name
+COMBINED_MODES = {"graft": ["graft"], "switch": ["switch"], "gate": ["gate"], "all": ["graft", "switch", "gate"]}
 
 
 def combined_modes(combined: bool | str) -> list[str]:
-    """--combined: False -> none; True or 'graft' -> lookup grafted onto every learned tree; 'switch'; 'all' both."""
+    """--combined: False -> none; True or 'graft' -> lookup grafted onto every learned tree; 'switch'; 'gate'; 'all'."""
     if combined is False or combined is None:
         return []
     if combined is True:
@@ -265,7 +267,7 @@ def build_entries(specs: list[str], model, requested: Tree | DynamicTreeSpec | N
         for each in ([mode] if mode else []) + list(combined):
             name = learned[path].name + MODE_SUFFIX[each]
             if name not in [e.name for e in entries]:
-                entries.append(combined_entry(learned[path], name, switch=each == "switch"))
+                entries.append(combined_entry(learned[path], name, each))
     return entries
 
 
@@ -290,11 +292,13 @@ def learned_entry(path: str, model, tree, taken: list[str]) -> Entry:
     return Entry(name, "learned", drafter, tree, used.depth, info, draft_limit=drafter.config.depth)
 
 
-def combined_entry(learned: Entry, name: str, switch: bool = False) -> Entry:
-    drafter = CombinedDrafter(learned.drafter, lookup_depth=LOOKUP_DEPTH, switch=switch)
-    info = {**learned.info, "combined_with": "prompt-lookup", "lookup_depth": drafter.lookup_depth,
+def combined_entry(learned: Entry, name: str, mode: str = "graft") -> Entry:
+    """The combination of `learned` with prompt lookup in `mode`; a gate is given its costs once the tree and the
+    machine's profile are known (price_gates)."""
+    drafter = CombinedDrafter(learned.drafter, lookup_depth=LOOKUP_DEPTH, switch=mode == "switch")
+    info = {**learned.info, "combined_with": "prompt-lookup", "mode": mode, "lookup_depth": drafter.lookup_depth,
             "tree": f"{learned.info['tree']} + lookup chain:{drafter.lookup_depth}",
-            "switch": f"lookup chain alone after {drafter.copy_after}+ copied tokens" if switch else None}
+            "switch": f"lookup chain alone after {drafter.copy_after}+ copied tokens" if mode == "switch" else None}
     return Entry(name, "combined", drafter, learned.tree, learned.depth, info, draft_limit=learned.draft_limit)
 
 
@@ -363,6 +367,35 @@ def fit_auto_trees(model, tokenizer, entries: list[Entry], calibration, settings
             source = next(e for e in entries if e.kind == "learned" and e.drafter is entry.drafter.learned)
             entry.tree, entry.depth = source.tree, source.depth
             entry.info.update(tree=f"{source.info['tree']} + lookup chain:{entry.drafter.lookup_depth}")
+
+
+def price_gates(model, tokenizer, entries: list[Entry], calibration, settings: EvalSettings, profile,
+                lengths: list[int]) -> None:
+    """Give each gated combination (inference/gate.py) the cost of its learned tree on this machine: the steps of
+    prompt lookup alone and of the combination drafting the learned tree every step, timed on the calibration
+    prompts (the profile's estimate at the evaluated prompts' mean context where a situation never came up)."""
+    gated = [e for e in entries if e.kind == "combined" and e.info["mode"] == "gate"]
+    if not gated:
+        return
+
+    def timed(entry: Entry) -> GenerationStats:   # one prompt at a time: a batch's steps cost more than one row's
+        return GenerationStats.merged(generate_conversations(model, tokenizer, [c], entry, RunConfig("greedy", 0.0),
+                                                             settings)[0].stats for c in calibration)
+
+    alone = timed(next(e for e in entries if e.kind == "lookup"))
+    context = sum(lengths) / max(1, len(lengths)) + settings.max_new_tokens / 2
+    for entry in gated:
+        source = next(e for e in entries if e.kind == "learned" and e.drafter is entry.drafter.learned)
+        used = source.tree if source.tree is not None else source.drafter.default_tree()
+        estimate = gate_costs(profile, profile_entry(model, tokenizer, source, calibration, settings), used.num_nodes,
+                              used.depth, entry.drafter.lookup_depth, context)
+        entry.drafter.gate = None   # the plain graft: the learned tree drafted every step
+        costs = measured_costs(alone, timed(entry), used.num_nodes, estimate)
+        entry.drafter.gate = LearnedGate(costs)
+        entry.info["gate"] = (f"learned tree drafted while its added tokens / lookup's beat what it adds to a step: "
+                              f"{costs.without_chain:.2f} without a lookup chain, {costs.with_chain:.2f} with one "
+                              f"(the profile's estimate: {estimate.without_chain:.2f}, {estimate.with_chain:.2f})")
+        print(f"draftheads eval: {entry.name}: {entry.info['gate']}", flush=True)
 
 
 def profile_entry(model, tokenizer, entry: Entry, calibration, settings: EvalSettings):

@@ -13,6 +13,7 @@ import draftheads
 from draftheads.core.tree import Tree
 from draftheads.inference.combined import CombinedDrafter
 from draftheads.inference.decoder import Decoder
+from draftheads.inference.gate import GateCosts, LearnedGate
 from draftheads.inference.generate import decode_settings, speculative_generate
 from draftheads.inference.lookup import PromptLookupDrafter
 from tests.fixtures import FAMILIES
@@ -31,6 +32,7 @@ KINDS = {
     "lookup": lambda model: PromptLookupDrafter(),
     "combined": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model)),
     "switch": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model), switch=True),
+    "gate": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model), gate=LearnedGate(GateCosts(0.3, 0.3))),
 }
 TREES = {"chain": "chain:3", "static": STATIC, "dynamic": "dynamic:3,3,8"}
 STATIC_ONLY = {"medusa", "lookup"}

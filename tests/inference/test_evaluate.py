@@ -184,7 +184,9 @@ def test_switch_keeps_greedy_output_and_drafts_lookup_alone_in_a_loop():
 def test_combination_modes_and_their_spec_suffixes():
     from draftheads.inference.evaluate import combined_modes, split_spec
     assert split_spec("runs/x+lookup-switch") == ("runs/x", "switch") and split_spec("runs/x+lookup") == ("runs/x", "graft")
-    assert combined_modes(True) == ["graft"] and combined_modes("all") == ["graft", "switch"] and combined_modes(False) == []
+    assert split_spec("runs/x+lookup-gate") == ("runs/x", "gate") and split_spec("runs/x") == ("runs/x", None)
+    assert combined_modes(True) == ["graft"] and combined_modes("all") == ["graft", "switch", "gate"]
+    assert combined_modes(False) == [] and combined_modes("gate") == ["gate"]
     with pytest.raises(DraftheadsError, match="--combined takes"):
         combined_modes("both")
 
@@ -345,7 +347,8 @@ def test_run_eval_writes_consistent_report(eagle_run, tmp_path, capsys):
 
 def test_run_eval_predicts_every_row_before_running_it_and_fits_trees_for_speed(eagle_run, tmp_path, monkeypatch):
     """Predictions come from the profile and calibration runs made before the measured ones (calibration: the
-    prompts after --limit, or the first ones when there are no more); `auto` fits a tree for speed."""
+    prompts after --limit, or the first ones when there are no more); `auto` fits a tree for speed, and a gated
+    combination is priced for it."""
     folder, prompts = eagle_run
     order = []
     real = measure_module.generate_conversations
@@ -353,8 +356,8 @@ def test_run_eval_predicts_every_row_before_running_it_and_fits_trees_for_speed(
                         order.append([c.prompt_id for c in convs]) or real(m, t, convs, *a, **kw))
     import draftheads.inference.evaluate as evaluate_module
     monkeypatch.setattr(evaluate_module, "generate_conversations", measure_module.generate_conversations)
-    out = run_eval([str(folder)], target_model=fixture(), prompts=str(prompts), limit=1, tree="auto:6",
-                   max_new_tokens=6, out=str(tmp_path / "eval"), progress=False)
+    out = run_eval([str(folder), f"{folder}+lookup-gate"], target_model=fixture(), prompts=str(prompts), limit=1,
+                   tree="auto:6", max_new_tokens=6, out=str(tmp_path / "eval"), progress=False)
     report = json.loads((out / "report.json").read_text())
     assert report["settings"]["calibration_prompts"] == [1]          # the prompt after the evaluated one
     for row in report["results"]:
@@ -363,6 +366,8 @@ def test_run_eval_predicts_every_row_before_running_it_and_fits_trees_for_speed(
     learned = next(d for d in report["drafters"] if d["kind"] == "learned")
     assert learned["auto_tree"].startswith("auto:6 -> ") and "predicted" in learned["auto_tree"]
     assert len(learned["tree_paths"]) <= 6
+    gated = next(d for d in report["drafters"] if d["name"].endswith("+lookup-gate"))   # priced for that tree
+    assert "without a lookup chain" in gated["gate"] and gated["tree"].startswith(learned["tree"])
     measured = [i for i, ids in enumerate(order) if ids == [0]]
     assert all(ids == [1] for ids in order[: measured[0]])           # everything before the measurements: calibration
 
