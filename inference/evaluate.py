@@ -378,7 +378,7 @@ def price_gates(model, tokenizer, entries: list[Entry], calibration, settings: E
     if not gated:
         return
 
-    def timed(entry: Entry) -> GenerationStats:   # one prompt at a time: a batch's steps cost more than one row's
+    def timed(entry: Entry) -> GenerationStats:   # one prompt at a time: a batch shares its steps' time among rows
         return GenerationStats.merged(generate_conversations(model, tokenizer, [c], entry, RunConfig("greedy", 0.0),
                                                              settings)[0].stats for c in calibration)
 
