@@ -87,7 +87,7 @@ class CombinedDrafter:
     def reset_state(self) -> None:
         self.last_chain: list[int] = []   # the lookup chain proposed last step ([] when none)
         self.copied = 0                   # how many of its tokens the last step committed
-        self.step: tuple[bool, bool] | None = None   # (lookup found a chain, the learned tree drafted) this step
+        self.drafted: bool | None = None  # whether this step drafted the learned tree (None: no step proposed yet)
         self.unread: list[tuple[torch.Tensor, torch.Tensor]] = []   # committed positions the learned drafter lacks
         self.learned_started = False
 
@@ -114,11 +114,10 @@ class CombinedDrafter:
         # the step's accepted drafts come first in next_tokens: how far along the chain they went
         committed = next_tokens[0].tolist()
         self.copied = shared_prefix_length(self.last_chain, committed)
-        if self.gate is not None and self.step is not None:
-            has_chain, drafted = self.step
+        if self.gate is not None and self.drafted is not None:
             without = self.copied + 1   # the chain's accepted prefix, then the target's own token
-            self.gate.record(has_chain, drafted, without, len(committed) - without)
-        self.last_chain, self.step = [], None
+            self.gate.record(bool(self.last_chain), self.drafted, without, len(committed) - without)
+        self.last_chain, self.drafted = [], None
 
     def read_unread(self) -> None:
         """Give the learned drafter the positions committed since it last drafted, in one pass."""
@@ -137,12 +136,11 @@ class CombinedDrafter:
         history = self.lookup.history[0]
         chain = self.last_chain = self.lookup.chain(history, self.lookup_depth)
         if self.gate is not None:
-            drafted = self.gate.draft_learned(bool(chain))
+            self.drafted = self.gate.draft_learned(bool(chain))
         else:
-            drafted = not (self.switch and chain and self.copied >= self.copy_after)
-        self.step = (bool(chain), drafted)
-        if not drafted:   # the lookup chain alone (the root alone, a plain step, when lookup found nothing)
-            return Proposal(Tree.from_paths([(0,) * depth for depth in range(1, len(chain) + 1)]),
+            self.drafted = not (self.switch and chain and self.copied >= self.copy_after)
+        if not self.drafted:   # the lookup chain alone (the root alone, a plain step, when lookup found nothing)
+            return Proposal(Tree.chain(len(chain)),
                             torch.tensor([[history[-1], *chain]], dtype=torch.long, device=self.lookup.device))
         self.read_unread()
         base = self.learned.propose(tree, temperature=temperature, top_k=top_k, top_p=top_p, generator=None)

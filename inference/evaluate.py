@@ -7,8 +7,9 @@
 Drafter specs: a drafter or run folder (a learned drafter); 'lookup' (prompt lookup, which is always
 measured anyway as the no-training baseline); 'FOLDER+lookup' (that drafter combined with prompt
 lookup, see inference/combined.py); 'FOLDER+lookup-switch' (the same, verifying the lookup chain alone
-while the text is being copied). `combined=True` or 'graft' adds the first for every learned drafter,
-'switch' the second, 'all' both.
+while the text is being copied); 'FOLDER+lookup-gate' (the same, drafting the learned tree only while it
+pays, see inference/gate.py). `combined=True` or 'graft' adds the first for every learned drafter,
+'switch' the second, 'gate' the third, 'all' the three.
 """
 
 from __future__ import annotations
@@ -253,7 +254,7 @@ def saved_eval_settings(drafters: list[str]):
 def build_entries(specs: list[str], model, requested: Tree | DynamicTreeSpec | None,
                   combined: list[str] = ()) -> list[Entry]:
     """The prompt-lookup baseline first, then each learned drafter (and its combinations with lookup: modes
-    'graft' and 'switch', from the spec's suffix and `combined`)."""
+    'graft', 'switch' and 'gate', from the spec's suffix and `combined`)."""
     lookup_tree = requested if isinstance(requested, Tree) else None
     entries = [lookup_entry(lookup_tree)]
     learned = {}
@@ -364,9 +365,14 @@ def fit_auto_trees(model, tokenizer, entries: list[Entry], calibration, settings
         entry.info.update(tree=f"{describe_tree(tree)} (auto)", auto_tree=note, accuracy_table=table, tree_paths=list(tree.paths))
     for entry in entries:
         if entry.kind == "combined":
-            source = next(e for e in entries if e.kind == "learned" and e.drafter is entry.drafter.learned)
+            source = learned_source(entries, entry)
             entry.tree, entry.depth = source.tree, source.depth
             entry.info.update(tree=f"{source.info['tree']} + lookup chain:{entry.drafter.lookup_depth}")
+
+
+def learned_source(entries: list[Entry], combined: Entry) -> Entry:
+    """The learned drafter's entry a combination was built on."""
+    return next(e for e in entries if e.kind == "learned" and e.drafter is combined.drafter.learned)
 
 
 def price_gates(model, tokenizer, entries: list[Entry], calibration, settings: EvalSettings, profile,
@@ -385,11 +391,11 @@ def price_gates(model, tokenizer, entries: list[Entry], calibration, settings: E
     alone = timed(next(e for e in entries if e.kind == "lookup"))
     context = sum(lengths) / max(1, len(lengths)) + settings.max_new_tokens / 2
     for entry in gated:
-        source = next(e for e in entries if e.kind == "learned" and e.drafter is entry.drafter.learned)
+        source = learned_source(entries, entry)
         used = source.tree if source.tree is not None else source.drafter.default_tree()
         estimate = gate_costs(profile, profile_entry(model, tokenizer, source, calibration, settings), used.num_nodes,
                               used.depth, entry.drafter.lookup_depth, context)
-        entry.drafter.gate = None   # the plain graft: the learned tree drafted every step
+        # timed before it has a gate: the plain graft, drafting the learned tree every step
         costs = measured_costs(alone, timed(entry), used.num_nodes, estimate)
         entry.drafter.gate = LearnedGate(costs)
         entry.info["gate"] = (f"learned tree drafted while its added tokens / lookup's beat what it adds to a step: "

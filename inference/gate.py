@@ -13,8 +13,8 @@ the learned tree in a situation while its g / A beats that situation's D / T. Th
 the first 1 / decay steps (an exponential one from the first step would let one unlucky first draft keep the
 learned tree off for most of a reply), and a situation drafts its first `min_samples` steps whatever they show.
 While the learned tree does not pay, it is still drafted every `probe_every`-th step of the situation, so a
-drafter that starts paying again (the text changed kind) is noticed. Each decision depends only on how earlier drafts were accepted, that is on the
-committed text, so every acceptance rule stays exact.
+drafter that starts paying again (the text changed kind) is noticed. Each decision depends only on how earlier
+drafts were accepted, that is on the committed text, so every acceptance rule stays exact.
 """
 
 from __future__ import annotations
