@@ -5,7 +5,8 @@ target writes, so nothing is downloaded.
 
 - Message kinds (open, writing, role-play, reasoning, math, coding, stem, humanities, translation): the target writes
   the user's message after one of the kind's leads ("Write a short story about", "Translate into French:"), as for
-  `starts_with` (Magpie).
+  `starts_with` (Magpie). Half the translations go the other way: the target's own translation of such a message is
+  the text it is asked to translate into English.
 - Passage kinds (summarization, extraction, qa, retrieval): the target first writes a request for an article on a
   subject of its choosing, then the article itself (up to `passage_tokens`); for qa and retrieval it then writes a
   question the article answers. The prompt puts the article (retrieval: among three articles written for other prompts)
@@ -50,6 +51,9 @@ LEADS = {
     "translation": ("Translate the following sentence into French:", "Translate this text into Spanish:",
                     "Translate into German:", "Translate the following into Italian:", "How would you say this in French:"),
 }
+# Into English, the text to translate is the target's own translation of a message it wrote after a LEADS one.
+INTO_ENGLISH = ("Translate this into English:", "Translate the following text into English:", "Please translate to English:",
+                "What does this mean in English?")
 ARTICLE_LEADS = ("Write a detailed article about", "Write an informative essay about", "Write a report on",
                  "Write a long explanation of")
 SUMMARIZE = ("Give a short summary of the text below.\n\n{text}", "{text}\n\nSummarize this in a few sentences.",
@@ -106,6 +110,9 @@ def kind_prompts(kind: str, count: int, writers: Writers, src, seed: int, skippe
     writing unusable pieces. `make_messages(count, src, seed, lead)` writes filtered, distinct user messages (leads
     cycled over the messages)."""
     rng = random.Random(f"{seed}:{kind}")
+    if kind == "translation" and writers.reply is not None:   # half into English (without a reply: all from English)
+        back = into_english(count // 2, writers, src, seed, skipped, make_messages, rng)
+        return [([text], kind) for text in make_messages(count - len(back), src, seed, LEADS[kind])] + back
     if kind in LEADS:
         return [([text], kind) for text in make_messages(count, src, seed, LEADS[kind])]
     if kind == "multi-turn":
@@ -152,6 +159,31 @@ def write_passages(count: int, writers: Writers, src, seed: int, skipped: collec
             else:
                 out.append({"text": passage})
     return out[:count]
+
+
+def into_english(count: int, writers: Writers, src, seed: int, skipped: collections.Counter, make_messages: Callable,
+                 rng: random.Random, rounds: int = 3) -> list[tuple[list[str], str]]:
+    """`count` prompts that translate into English: the target writes a message after a translation lead (English text
+    to translate into French, Spanish...), translates it, and its translation becomes the text to bring back."""
+    out = []
+    for attempt in range(rounds):
+        need = count - len(out)
+        if need <= 0:
+            break
+        asks = make_messages(need + need // 4 + 2, src, seed * 37 + attempt, LEADS["translation"])
+        for ask, (text, finished) in zip(asks, writers.reply(asks, src.max_tokens, src.temperature, seed * 139 + attempt)):
+            foreign, reason = clean_passage(text, finished, min_words=3)
+            if not reason and normalise_words(foreign) in normalise_words(ask):
+                reason = "a copy, not a translation"
+            if reason:
+                skipped[f"self translations: {reason}"] += 1
+            else:
+                out.append(([f"{rng.choice(INTO_ENGLISH)}\n{foreign}"], "translation"))
+    return out[:count]
+
+
+def normalise_words(text: str) -> str:
+    return " ".join(re.findall(r"\w+", text.lower()))
 
 
 def with_questions(passages: list[dict], writers: Writers, src, seed: int, skipped: collections.Counter) -> list[dict]:

@@ -13,7 +13,7 @@ import pytest
 from draftheads.core.errors import DraftheadsError
 from draftheads.training.datagen import DataConfig
 from draftheads.training.prompts import PromptSource, collect_prompts, kinds_prompts
-from draftheads.training.task_kinds import FOLLOW_UPS, GENERAL, KINDS, LEADS, Writers, clean_passage, loops
+from draftheads.training.task_kinds import FOLLOW_UPS, GENERAL, INTO_ENGLISH, KINDS, LEADS, Writers, clean_passage, loops
 
 ARTICLE = ("The river town grew around a mill in {n}. Farmers brought grain from the hills, and traders came by "
            "boat. In the spring the water rose and covered the lower streets, so the people built their houses on "
@@ -41,6 +41,8 @@ class FakeTarget:
             self.count += 1
             if "Write one question" in m:
                 out.append((f"What did the town build in year {self.count}?", True))
+            elif m.startswith(LEADS["translation"]):
+                out.append((f"Le sujet numéro {self.count} pour le test.", True))
             else:
                 out.append((ARTICLE.format(n=1700 + self.count), True))
         return out
@@ -56,7 +58,9 @@ def test_the_general_mixture_writes_every_kind_by_weight():
     assert len({tuple(p.turns) for p in prompts}) == len(prompts)          # distinct
     by_kind = {p.kind: p for p in prompts}
     assert any(by_kind["coding"].turns[0].startswith(lead) for lead in LEADS["coding"])
-    assert by_kind["translation"].turns[0].split(":")[0] + ":" in LEADS["translation"]
+    translations = [p.turns[0] for p in prompts if p.kind == "translation"]
+    assert sum(t.startswith(LEADS["translation"]) for t in translations) == 2          # from English: half
+    assert sum(t.startswith(INTO_ENGLISH) and "Le sujet" in t for t in translations) == 2   # into English: half
     summary = by_kind["summarization"].turns[0]
     assert "The river town grew around a mill" in summary and len(summary.split()) > 80
     assert re.search(r"Question: What did the town build|based on the text above, what did", by_kind["qa"].turns[0], re.I)
@@ -64,6 +68,23 @@ def test_the_general_mixture_writes_every_kind_by_weight():
     assert len(docs) == 4 and "What did the town build" in by_kind["retrieval"].turns[0]
     multi = by_kind["multi-turn"].turns
     assert len(multi) in (2, 3) and all(turn in FOLLOW_UPS for turn in multi[1:])
+
+
+def test_into_english_translates_back_what_the_target_translated_and_drops_copies():
+    fake = FakeTarget()
+    real_reply = fake.reply
+
+    def copying_reply(messages, max_tokens, temperature, seed):   # every other translation is the English text again
+        out = real_reply(messages, max_tokens, temperature, seed)
+        return [(m.split(":", 1)[1] if i % 2 else text, done) for i, (m, (text, done)) in enumerate(zip(messages, out))]
+
+    skipped = collections.Counter()
+    src = PromptSource(source="self", kinds={"translation": 1})
+    prompts = kinds_prompts(Writers(fake.write, copying_reply), 20, src, seed=2, skipped=skipped)
+    back = [p.turns[0] for p in prompts if p.turns[0].startswith(INTO_ENGLISH)]
+    assert len(prompts) == 20 and len(back) == 10
+    assert all(re.fullmatch(r"[^\n]+\nLe sujet numéro \d+ pour le test\.", t) for t in back)
+    assert skipped["self translations: a copy, not a translation"] > 0
 
 
 def test_retrieval_documents_are_other_prompts_articles():
