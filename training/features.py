@@ -142,11 +142,13 @@ def _shard_offsets(lengths: np.ndarray, s: int, shard_rows: int) -> np.ndarray:
 
 
 def build_feature_cache(accelerator, target, rowset, lengths: np.ndarray, layers, folder: Path,
-                        feature_dtype: str, batch_size: int, share_folder: bool = False) -> FeatureCache:
+                        feature_dtype: str, batch_size: int, share_folder: bool = False,
+                        keep_earlier: bool = False) -> FeatureCache:
     """Compute every row's features once (shards split over processes) unless the cache is already complete.
 
     `share_folder`: folder's parent holds only caches of one data folder (its features/), so shards of
-    earlier caches with the same settings are taken over and those caches removed once this one is complete.
+    earlier caches with the same settings are taken over and those caches removed once this one is complete
+    (kept with `keep_earlier`: this cache adds other folders' rows, and the data folder alone still has its own).
     """
     folder = Path(folder)
     if (folder / "manifest.json").is_file():
@@ -180,7 +182,7 @@ def build_feature_cache(accelerator, target, rowset, lengths: np.ndarray, layers
         tmp = folder / "manifest.json.tmp"
         tmp.write_text(json.dumps(manifest))
         os.replace(tmp, folder / "manifest.json")
-        if share_folder:
+        if share_folder and not keep_earlier:
             for old in _earlier_caches(folder, settings):
                 shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()

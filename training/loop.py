@@ -45,6 +45,8 @@ class TrainConfig:
     batch_size: int = doc(8, "sequences per micro-batch per process")
     grad_accum: int = doc(1, "micro-batches per optimizer step")
     max_length: int = doc(1024, "longest training sequence in tokens")
+    more_data: list[str] = doc([], "finished `draftheads data` folders trained on after data.output's rows (another "
+                                   "recipe's mixture, e.g. more of one task kind), made for the same target")
     draft_vocab_from: str | None = doc(None, "reuse a draft vocabulary instead of choosing the most frequent tokens: SpecForge's "
                                              "vocab_mapping .pt, speculators' d2t.npy, or a draftheads drafter/run folder")
     bucket_by_length: bool = doc(True, "batch rows of similar length together (less padding); rows never attend to each other")
