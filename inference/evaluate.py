@@ -32,7 +32,7 @@ from draftheads.core.tree import AutoTreeSpec, DynamicTreeSpec, Tree, parse_tree
 from draftheads.inference.accept import check_rule
 from draftheads.inference.auto_tree import auto_tree, expected_accepted
 from draftheads.inference.combined import CombinedDrafter
-from draftheads.inference.gate import LearnedGate, gate_costs, measured_costs
+from draftheads.inference.gate import GateCosts, LearnedGate, gate_costs, measured_costs
 from draftheads.inference.cost_model import StepShape, fastest_tree, predict
 from draftheads.inference.eval_config import EvalConfig
 from draftheads.inference.lookup import PromptLookupDrafter
@@ -393,14 +393,21 @@ def price_gates(model, tokenizer, entries: list[Entry], calibration, settings: E
     for entry in gated:
         source = learned_source(entries, entry)
         used = source.tree if source.tree is not None else source.drafter.default_tree()
-        estimate = gate_costs(profile, profile_entry(model, tokenizer, source, calibration, settings), used.num_nodes,
-                              used.depth, entry.drafter.lookup_depth, context)
+        estimated = []
+
+        def estimate() -> GateCosts:   # called only for a situation the calibration prompts never met
+            estimated.append(gate_costs(profile, profile_entry(model, tokenizer, source, calibration, settings),
+                                        used.num_nodes, used.depth, entry.drafter.lookup_depth, context))
+            return estimated[-1]
+
         # timed before it has a gate: the plain graft, drafting the learned tree every step
         costs = measured_costs(alone, timed(entry), used.num_nodes, estimate)
         entry.drafter.gate = LearnedGate(costs)
         entry.info["gate"] = (f"learned tree drafted while its added tokens / lookup's beat what it adds to a step: "
-                              f"{costs.without_chain:.2f} without a lookup chain, {costs.with_chain:.2f} with one "
-                              f"(the profile's estimate: {estimate.without_chain:.2f}, {estimate.with_chain:.2f})")
+                              f"{costs.without_chain:.2f} without a lookup chain, {costs.with_chain:.2f} with one")
+        if estimated:
+            entry.info["gate"] += (f" (a situation the calibration prompts never met takes the profile's estimate: "
+                                   f"{estimated[0].without_chain:.2f}, {estimated[0].with_chain:.2f})")
         print(f"draftheads eval: {entry.name}: {entry.info['gate']}", flush=True)
 
 

@@ -19,6 +19,7 @@ drafts were accepted, that is on the committed text, so every acceptance rule st
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from draftheads.core.errors import DraftheadsError
@@ -50,11 +51,12 @@ def gate_costs(target, drafter, nodes: int, depth: int, lookup_depth: int, conte
                      with_chain=(draft + target.forward(nodes + lookup_depth, context) - chain) / chain)
 
 
-def measured_costs(lookup, combined, learned_nodes: int, fallback: GateCosts) -> GateCosts:
+def measured_costs(lookup, combined, learned_nodes: int, fallback: Callable[[], GateCosts]) -> GateCosts:
     """The costs from steps timed on this machine (GenerationStats of prompt lookup alone and of the grafted
     combination, run on the same prompts): each situation's median step (draft and verification) with and
     without the learned tree. Here a forward's first extra token can cost half a decode step (fp32 on a 2-core
-    CPU), which the profile's per-token line smooths away. A situation without timed steps takes `fallback`'s.
+    CPU), which the profile's per-token line smooths away. A situation without timed steps takes `fallback()`'s
+    (called only then: an estimate may need timing of its own).
     A combined step with more nodes than the learned tree had a lookup chain grafted on; one with as many may
     have had a chain that the learned tree held already, which counts it as chainless (slightly cheaper)."""
     def median(stats, keep) -> float | None:
@@ -63,9 +65,13 @@ def measured_costs(lookup, combined, learned_nodes: int, fallback: GateCosts) ->
 
     plain, chain = median(lookup, lambda n: n == 1), median(lookup, lambda n: n > 1)
     bare, grafted = median(combined, lambda n: n <= learned_nodes), median(combined, lambda n: n > learned_nodes)
-    return GateCosts(
-        without_chain=max(0.0, bare / plain - 1) if plain and bare else fallback.without_chain,
-        with_chain=max(0.0, grafted / chain - 1) if chain and grafted else fallback.with_chain)
+    without = max(0.0, bare / plain - 1) if plain and bare else None
+    with_chain = max(0.0, grafted / chain - 1) if chain and grafted else None
+    if without is None or with_chain is None:
+        estimate = fallback()
+        without = estimate.without_chain if without is None else without
+        with_chain = estimate.with_chain if with_chain is None else with_chain
+    return GateCosts(without_chain=without, with_chain=with_chain)
 
 
 class LearnedGate:

@@ -227,7 +227,7 @@ def resumable_writer(path: Path, write, chunk: int, reply=None):
     def reply_chunks(messages: list[str], max_tokens: int, temperature: float, seed: int) -> list:
         texts = []
         starts = range(0, len(messages), chunk)
-        for index, start in enumerate(tqdm(starts, desc="draftheads data: target writes passages", unit="batch", mininterval=1.0)):
+        for index, start in enumerate(tqdm(starts, desc="draftheads data: target writes passages, questions, translations", unit="batch", mininterval=1.0)):
             part = messages[start:start + chunk]
             digest = hashlib.sha256("\x00".join(part).encode()).hexdigest()[:16]
             texts.extend(finished(("reply", seed, index, max_tokens, digest),
