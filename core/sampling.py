@@ -10,6 +10,12 @@ from __future__ import annotations
 import torch
 
 
+def fold_seed(seed: int) -> int:
+    """A seed that generators take: seeds derived layer on layer (a grown data folder's salt, times each writer's
+    multiplier) can pass 2**63, which torch.Generator and servers' int64 seeds refuse; smaller ones stay as they are."""
+    return seed % 2**63
+
+
 def warp_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """[..., V] logits -> [..., V] probabilities after temperature, top-k and top-p.
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from draftheads.core.sampling import sample, top1, warp_probs
+from draftheads.core.sampling import fold_seed, sample, top1, warp_probs
 from draftheads.training.chat import add_reply, render_ids, stop_token_ids, user_turn_prefix
 
 # Drop finished rows once this share of the live batch is done: pruning copies the cache,
@@ -107,7 +107,7 @@ class LocalBackend:
         self.device = next(model.parameters()).device
 
     def _generator(self, seed: int) -> torch.Generator:
-        return torch.Generator(device=self.device).manual_seed(seed)
+        return torch.Generator(device=self.device).manual_seed(fold_seed(seed))
 
     def answer(self, chats: list, seed: int, on_batch=None) -> None:
         """Answer every open chat, turn by turn, in length-sorted batches (in place)."""

@@ -17,6 +17,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from draftheads.core.errors import DraftheadsError
+from draftheads.core.sampling import fold_seed
 from draftheads.training.chat import SENTINEL, add_reply, encode, end_of_turn_id, render_text, stop_token_ids
 from draftheads.core.targets import locate_target
 from draftheads.training.target import attach_chat_template, from_hub
@@ -82,7 +83,7 @@ class OpenAIBackend:
     def chat_completion(self, messages: list[dict], max_tokens: int, seed: int, temperature: float | None = None) -> tuple[str, str]:
         body = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
                 "temperature": self.data.temperature if temperature is None else temperature, "top_p": self.data.top_p,
-                "seed": seed}
+                "seed": fold_seed(seed)}
         if self.data.chat_template_kwargs:   # the server renders the template: vLLM and SGLang take these per request
             body["chat_template_kwargs"] = dict(self.data.chat_template_kwargs)
         choice = self.post("/chat/completions", body)["choices"][0]
@@ -112,7 +113,7 @@ class OpenAIBackend:
 
         def one(k: int) -> tuple[str, bool]:
             body = {"model": self.model, "prompt": prefix, "max_tokens": max_tokens, "temperature": temperature,
-                    "top_p": 1.0, "seed": seed * 100_003 + k, "stop": stop}
+                    "top_p": 1.0, "seed": fold_seed(seed * 100_003 + k), "stop": stop}
             try:
                 choice = self.post("/completions", body)["choices"][0]
             except Rejected:

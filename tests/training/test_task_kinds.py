@@ -192,3 +192,14 @@ def test_the_local_backend_replies_in_order_and_seeded(llama_target, tokenizer):
     first = backend.reply(messages, 12, 1.0, seed=4)
     assert len(first) == 3 and first == backend.reply(messages, 12, 1.0, seed=4)
     assert all(isinstance(text, str) and isinstance(done, bool) for text, done in first)
+
+
+def test_seeds_past_int64_are_folded_not_refused(llama_target, tokenizer):
+    """A grown folder's seeds (salt 7,919 x the rows it holds, times each writer's multipliers) passed 2**63 after 600
+    translation prompts: torch.Generator refused them with an overflow traceback."""
+    from draftheads.training.batch_generate import LocalBackend
+
+    backend = LocalBackend(llama_target, tokenizer, DataConfig(batch_size=2))
+    huge = 4_751_400 * 1009 * 37 * 7 * 1000 * 100_003
+    assert huge > 2**63
+    assert backend.write(2, 6, 1.0, huge, "Write") == backend.write(2, 6, 1.0, huge % 2**63, "Write")
