@@ -137,7 +137,8 @@ def results_section(found: dict[int, Measurements], entries, conversations, skip
     return {"drafters": [entry_info(e) for e in entries], "prompt_count": len(conversations),
             "prompts_skipped": sum(skipped.values()), "skipped_reasons": skipped, "plain": plain, "results": rows,
             "batch_curve": batch_curve(rows) if set(found) != {1} else [],
-            "by_kind": kind_rows(found[min(found)], entries, conversations)}
+            "by_kind": kind_rows(found[min(found)], entries, conversations),
+            "by_prompt": prompt_rows(found[min(found)], entries, conversations)}
 
 
 def kind_rows(found: Measurements, entries: list[Entry], conversations) -> list[dict]:
@@ -151,6 +152,20 @@ def kind_rows(found: Measurements, entries: list[Entry], conversations) -> list[
                             {key: [runs[i] for i in keep] for key, runs in found.spec.items()})
         for row in build_rows(part, entries, configs, [conversations[i] for i in keep]):
             rows.append({"task_kind": kind, "task_prompts": len(keep), **row})
+    return rows
+
+
+def prompt_rows(found: Measurements, entries: list[Entry], conversations) -> list[dict]:
+    """One row per prompt x drafter x config from the same runs: where a total comes from (a few prompts whose
+    target output loops or echoes the prompt can carry prompt lookup's tau for a whole kind)."""
+    rows = []
+    for (name, cfg), outputs in found.spec.items():
+        plain = found.plain[cfg.plain_key]
+        for conv, out, base in zip(conversations, outputs, plain):
+            rows.append({"prompt_id": conv.prompt_id, "task_kind": conv.kind, "prompt": conv.users[0][:60],
+                         "drafter": name, "rule": cfg.rule, "temperature": cfg.temperature,
+                         "new_tokens": out.stats.new_tokens, "steps": out.stats.steps, "tau": out.stats.tau,
+                         "plain_tokens": len(base.tokens), "same_as_plain": None if cfg.sampled else out.tokens == base.tokens})
     return rows
 
 

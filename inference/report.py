@@ -268,6 +268,27 @@ def format_kind_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def format_prompt_table(rows: list[dict]) -> str | None:
+    """One line per prompt, the tau of every drafter (and rule/temperature, where there are several) in columns;
+    * marks a greedy output that parted from plain decoding (it continues another text from there)."""
+    if not rows:
+        return None
+    configs = list(dict.fromkeys((r["drafter"], r["rule"], r["temperature"]) for r in rows))
+    several = len({(rule, t) for _, rule, t in configs}) > 1
+    labels = [f"{d} {rule} T={t:g}" if several else d for d, rule, t in configs]
+    prompts: dict[int, dict] = {}
+    for r in rows:
+        line = prompts.setdefault(r["prompt_id"], {"row": r, "cells": {}})
+        line["cells"][(r["drafter"], r["rule"], r["temperature"])] = f"{r['tau']:.2f}" + ("*" if r["same_as_plain"] is False else "")
+    lines = ["| prompt | task kind | tokens | " + " | ".join(labels) + " |", "|" + "---|" * (3 + len(labels))]
+    for pid, line in prompts.items():
+        r = line["row"]
+        text = " ".join(r["prompt"].split()).replace("|", "\\|")
+        cells = [line["cells"].get(c, "") for c in configs]
+        lines.append(f"| {pid}: {text} | {r['task_kind'] or '-'} | {r['plain_tokens']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def format_context_table(rows: list[dict]) -> str | None:
     """tau of the steps taken at each range of context length, one line per row that reached past 512 tokens
     (None when none did): whether acceptance falls off on long prompts."""
@@ -342,6 +363,12 @@ def format_markdown(report: dict) -> str:
         out += ["", "## Acceptance by context length", "",
                 "tau of the steps taken with this many tokens already in the context (prompt and reply so far); the "
                 "number of steps in brackets. A drafter trained on short rows loses acceptance here first.", "", by_context]
+    by_prompt = format_prompt_table(report.get("by_prompt", []))
+    if by_prompt:
+        out += ["", "## By prompt", "",
+                "tau of every drafter on each prompt (tokens: what plain decoding wrote; * the output parted from plain "
+                "decoding). A prompt whose output loops or repeats the prompt gives prompt lookup a tau of 4-6 and can "
+                "carry a whole kind's total.", "", by_prompt]
     quality = format_quality(report["results"])
     if quality:
         out += ["", "## Quality of sampled outputs", "",

@@ -128,7 +128,8 @@ def row_to_prompt(row: dict, fmt: str) -> Prompt | None:
     else:
         text = row.get("prompt") if row.get("prompt") is not None else row.get("text")
         users = [text.strip()] if isinstance(text, str) and text.strip() else []
-    return Prompt(turns=users, system=system) if users else None
+    kind = row.get("kind")   # a local file's own task kinds give the eval report its by-kind breakdown
+    return Prompt(turns=users, system=system, kind=kind if isinstance(kind, str) else "") if users else None
 
 
 # ---------------------------------------------------------------- sources

@@ -407,8 +407,14 @@ def test_tasks_prompts_are_broken_down_by_kind_from_the_same_runs(eagle_run, tmp
     for total in report["results"]:   # the kinds partition the same runs
         parts = [r for r in by_kind if (r["drafter"], r["rule"]) == (total["drafter"], total["rule"])]
         assert sum(r["new_tokens"] for r in parts) == total["new_tokens"]
+        prompts = [r for r in report["by_prompt"] if (r["drafter"], r["rule"]) == (total["drafter"], total["rule"])]
+        assert len(prompts) == report["prompt_count"]   # and the prompts partition them again
+        assert sum(r["new_tokens"] for r in prompts) == total["new_tokens"]
+        assert sum(r["steps"] for r in prompts) == total["steps"]
+        assert all(r["tau"] == pytest.approx(r["new_tokens"] / r["steps"], abs=0.5) for r in prompts if r["steps"])
     md = (out / "report.md").read_text()
     assert "## By task kind" in md and "| multi-turn |" in md and "tau_per_task_kind.png" in report["plots"]
+    assert "## By prompt" in md and "| prompt | task kind | tokens | prompt-lookup | " in md   # drafters as columns
     assert (out / "tau_per_task_kind.png").read_bytes()[:4] == b"\x89PNG"
 
 

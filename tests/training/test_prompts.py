@@ -42,6 +42,12 @@ def test_formats_are_detected_and_keep_only_user_turns(kind):
     assert (prompt.turns, prompt.system) == EXPECTED[kind]
 
 
+def test_a_rows_task_kind_is_kept():
+    """A local prompt file may say each row's kind (as the bundled 'tasks' set does): eval breaks its report down by it."""
+    assert row_to_prompt({"kind": "translation", "turns": ["Translate into French: hello"]}, "turns").kind == "translation"
+    assert row_to_prompt({"prompt": "Hi", "kind": 3}, "prompt").kind == ""
+
+
 def test_unknown_format_lists_the_columns():
     with pytest.raises(DraftheadsError, match=r"\['answer', 'question'\]"):
         detect_format(["question", "answer"])
