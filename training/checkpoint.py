@@ -18,6 +18,7 @@ folder's parts are core/run_folder.py's.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from draftheads.core.config import to_dict
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import file_sha256, publish, staging_folder, staging_path
 from draftheads.core.run_folder import COMPLETE, DRAFTER, RECIPE_FILE, STATE_FILE, list_checkpoints, step_dir
@@ -172,6 +174,22 @@ def prune(run_dir: Path, keep_last: int, protect: int | None = None) -> list[Pat
 
 # ---- what a resumed run may change ------------------------------------------------------------
 
+def section_defaults(sections: dict) -> dict:
+    """section -> key -> default value (as a saved recipe writes it) of each section's dataclass instance."""
+    out = {}
+    for name, obj in sections.items():
+        if not dataclasses.is_dataclass(obj):
+            continue
+        values = {}
+        for f in dataclasses.fields(obj):
+            if f.default is not dataclasses.MISSING:
+                values[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                values[f.name] = f.default_factory()
+        out[name] = to_dict(values)
+    return out
+
+
 # Settings that do not change what the training steps compute (where they are saved, how often they are
 # logged or evaluated, how long the run may take): a resumed run may differ in these, and in nothing else.
 FREE = {
@@ -184,8 +202,11 @@ FREE = {
 }
 
 
-def changed_settings(saved: dict, current: dict) -> list[str]:
-    """'section.key: old -> new' for every setting that changes the result and differs."""
+def changed_settings(saved: dict, current: dict, defaults: dict | None = None) -> list[str]:
+    """'section.key: old -> new' for every setting that changes the result and differs. A key the saved recipe
+    lacks is a setting added to draftheads after the run was saved: it compares as its default (`defaults`:
+    section -> key -> default), so runs saved by an older version resume as long as the new setting is left alone."""
+    defaults = defaults or {}
     out = []
     for section in sorted(set(saved) | set(current)):
         if section in FREE and FREE[section] is None:
@@ -199,18 +220,20 @@ def changed_settings(saved: dict, current: dict) -> list[str]:
             out.append(f"head.type: {old.get('type')!r} -> {new.get('type')!r}")
             continue
         for key in sorted(set(old) | set(new)):
-            if key not in FREE.get(section, set()) and old.get(key) != new.get(key):
-                out.append(f"{section}.{key}: {old.get(key)!r} -> {new.get(key)!r}")
+            before = old[key] if key in old else (defaults.get(section) or {}).get(key)
+            if key not in FREE.get(section, set()) and before != new.get(key):
+                out.append(f"{section}.{key}: {before!r} -> {new.get(key)!r}")
     return out
 
 
-def check_same_settings(folder: Path, recipe_dict: dict) -> None:
-    """Refuse to resume `folder` automatically under settings that change the result."""
+def check_same_settings(folder: Path, recipe_dict: dict, defaults: dict | None = None) -> None:
+    """Refuse to resume `folder` automatically under settings that change the result (`defaults`: see
+    changed_settings; `section_defaults` of the recipe's sections gives them)."""
     path = Path(folder) / RECIPE_FILE
     if not path.is_file():
         return
     saved = yaml.safe_load(path.read_text()) or {}
-    diff = changed_settings(saved, {k: v for k, v in recipe_dict.items() if k != "derived"})
+    diff = changed_settings(saved, {k: v for k, v in recipe_dict.items() if k != "derived"}, defaults)
     if diff:
         shown = "; ".join(diff[:4]) + (f"; and {len(diff) - 4} more" if len(diff) > 4 else "")
         raise DraftheadsError(f"{folder.parent} was trained with other settings ({shown}); set train.output_dir to start a "

@@ -100,6 +100,24 @@ def test_changed_settings_are_refused_with_the_difference(tmp_path, data_dir, ll
     assert json.loads((run / "final" / "metrics.json").read_text())["steps"] == 6
 
 
+def test_a_run_saved_before_a_setting_existed_resumes_while_that_setting_keeps_its_default(tmp_path, data_dir, llama_target):
+    """A recipe saved by an older draftheads lacks the settings added since (train.more_data, say): they compare as
+    their defaults, so `make demo` or `draftheads train` run again on an older run folder continue it."""
+    import yaml
+
+    run = interrupted_run(data_dir, tmp_path / "run", llama_target)
+    for step in C.list_checkpoints(run):   # as an older version wrote them
+        saved = yaml.safe_load((step / C.RECIPE_FILE).read_text())
+        del saved["train"]["more_data"], saved["train"]["seed"]
+        (step / C.RECIPE_FILE).write_text(yaml.safe_dump(saved))
+        (step / C.MANIFEST_FILE).unlink()
+        (step / C.MANIFEST_FILE).write_text(json.dumps({"files": C.manifest(step)}))
+    with pytest.raises(DraftheadsError, match=r"train\.seed: 0 -> 5"):   # a missing setting set to a new value
+        resume(data_dir, run, llama_target, seed=5)
+    resume(data_dir, run, llama_target)
+    assert json.loads((run / "final" / "metrics.json").read_text())["steps"] == 6
+
+
 def test_a_finished_run_says_so_and_trains_nothing(tmp_path, data_dir, llama_target, capsys):
     run = resume(data_dir, tmp_path / "run", llama_target)
     before = (run / "final" / "drafter" / "model.safetensors").stat().st_mtime_ns
