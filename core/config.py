@@ -124,6 +124,18 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {value!r}" if not isinstance(value, (dict, list)) else type(value).__name__
 
 
+def defaults(obj: Any) -> dict:
+    """Field name -> default value of a dataclass (class or instance), as `to_dict` writes it; fields without one
+    are left out."""
+    out = {}
+    for f in dataclasses.fields(obj):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return to_dict(out)
+
+
 def to_dict(obj: Any) -> Any:
     """A dataclass (nested) as plain YAML-friendly data."""
     if dataclasses.is_dataclass(obj):

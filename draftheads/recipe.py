@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from draftheads.core.config import build, check, suggest, to_dict
+from draftheads.core.config import build, check, defaults, suggest, to_dict
 from draftheads.core.errors import DraftheadsError
 from draftheads.heads.common import text_config
 from draftheads.heads.factory import HeadConfig, head_config
@@ -28,6 +28,7 @@ from draftheads.training.target import TargetConfig
 from draftheads.training.trackers import LogConfig
 
 SECTIONS = {"target": TargetConfig, "data": DataConfig, "train": TrainConfig, "log": LogConfig, "eval": EvalConfig}
+PARTS = ("target", "head", "data", "train", "log", "eval")   # a recipe's sections, in the order it is written
 
 
 @dataclass
@@ -59,10 +60,14 @@ class Recipe:
 
     def to_dict(self) -> dict:
         out = {"name": self.name}
-        out.update({s: to_dict(getattr(self, s)) for s in ("target", "head", "data", "train", "log", "eval")})
+        out.update({s: to_dict(getattr(self, s)) for s in PARTS})
         if self.derived:
             out["derived"] = dict(self.derived)
         return out
+
+    def defaults(self) -> dict:
+        """section -> key -> the default of every setting of this recipe's sections (its head type's included)."""
+        return {s: defaults(getattr(self, s)) for s in PARTS}
 
     @property
     def data_dir(self) -> Path:

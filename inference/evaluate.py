@@ -138,7 +138,7 @@ def results_section(found: dict[int, Measurements], entries, conversations, skip
             "prompts_skipped": sum(skipped.values()), "skipped_reasons": skipped, "plain": plain, "results": rows,
             "batch_curve": batch_curve(rows) if set(found) != {1} else [],
             "by_kind": kind_rows(found[min(found)], entries, conversations),
-            "by_prompt": prompt_rows(found[min(found)], entries, conversations)}
+            "by_prompt": prompt_rows(found[min(found)], conversations)}
 
 
 def kind_rows(found: Measurements, entries: list[Entry], conversations) -> list[dict]:
@@ -155,7 +155,7 @@ def kind_rows(found: Measurements, entries: list[Entry], conversations) -> list[
     return rows
 
 
-def prompt_rows(found: Measurements, entries: list[Entry], conversations) -> list[dict]:
+def prompt_rows(found: Measurements, conversations) -> list[dict]:
     """One row per prompt x drafter x config from the same runs: where a total comes from (a few prompts whose
     target output loops or echoes the prompt can carry prompt lookup's tau for a whole kind)."""
     rows = []

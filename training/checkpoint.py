@@ -18,7 +18,6 @@ folder's parts are core/run_folder.py's.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -26,7 +25,6 @@ from pathlib import Path
 
 import yaml
 
-from draftheads.core.config import to_dict
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import file_sha256, publish, staging_folder, staging_path
 from draftheads.core.run_folder import COMPLETE, DRAFTER, RECIPE_FILE, STATE_FILE, list_checkpoints, step_dir
@@ -174,22 +172,6 @@ def prune(run_dir: Path, keep_last: int, protect: int | None = None) -> list[Pat
 
 # ---- what a resumed run may change ------------------------------------------------------------
 
-def section_defaults(sections: dict) -> dict:
-    """section -> key -> default value (as a saved recipe writes it) of each section's dataclass instance."""
-    out = {}
-    for name, obj in sections.items():
-        if not dataclasses.is_dataclass(obj):
-            continue
-        values = {}
-        for f in dataclasses.fields(obj):
-            if f.default is not dataclasses.MISSING:
-                values[f.name] = f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                values[f.name] = f.default_factory()
-        out[name] = to_dict(values)
-    return out
-
-
 # Settings that do not change what the training steps compute (where they are saved, how often they are
 # logged or evaluated, how long the run may take): a resumed run may differ in these, and in nothing else.
 FREE = {
@@ -228,7 +210,7 @@ def changed_settings(saved: dict, current: dict, defaults: dict | None = None) -
 
 def check_same_settings(folder: Path, recipe_dict: dict, defaults: dict | None = None) -> None:
     """Refuse to resume `folder` automatically under settings that change the result (`defaults`: see
-    changed_settings; `section_defaults` of the recipe's sections gives them)."""
+    changed_settings; `Recipe.defaults()` gives them)."""
     path = Path(folder) / RECIPE_FILE
     if not path.is_file():
         return

@@ -262,9 +262,7 @@ def resume(run: Run) -> None:
     if folder is None:
         return
     if cfg.resume == "auto":  # an explicit train.resume is a deliberate continuation, new settings and all
-        r = run.recipe
-        sections = {name: getattr(r, name) for name in ("target", "head", "data", "train", "log", "eval")}
-        C.check_same_settings(folder, r.to_dict(), C.section_defaults(sections))
+        C.check_same_settings(folder, run.recipe.to_dict(), run.recipe.defaults())
     run.state = C.load_checkpoint(acc, folder, run.scheduler)
     acc.print(f"draftheads: resuming from {folder} (step {run.state['step']})")
 
