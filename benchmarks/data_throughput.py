@@ -16,10 +16,14 @@ import time
 
 import torch
 
-from draftheads.training.batch_generate import generate_batch, left_pad, length_sorted_batches
-from draftheads.training.chat import render_ids, stop_token_ids
-from draftheads.training.prompts import humaneval_prompts
-from draftheads.training.target import load_target
+from draftheads.data.batch_generate import (
+    generate_batch,
+    left_pad,
+    length_sorted_batches,
+)
+from draftheads.data.chat import render_ids, stop_token_ids
+from draftheads.data.prompts import humaneval_prompts
+from draftheads.data.target import load_target
 
 
 def useful(tokens: list[int], stops: set[int]) -> list[int]:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the test fixtures build the target
 
-from draftheads.inference.evaluate import run_eval  # noqa: E402
+from draftheads.data.datagen import run_data  # noqa: E402
+from draftheads.evaluation.evaluate import run_eval  # noqa: E402
 from draftheads.recipe import recipe_from_dict  # noqa: E402
-from draftheads.training.datagen import run_data  # noqa: E402
 from draftheads.training.loop import run_training  # noqa: E402
 from tests.fixtures import CORPUS, make_target, make_tokenizer  # noqa: E402
 

@@ -28,9 +28,11 @@ import numpy as np
 
 def requantize(src: Path, dst: Path, kind: str) -> Path:
     """The GGUF at `src` with every 2-D quantized or float matrix requantized to `kind` (Q4_0, Q8_0, ...)."""
-    from draftheads.interop.llama_cpp import copy_fields
-    from gguf import GGMLQuantizationType as Q, GGUFReader, GGUFWriter
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFReader, GGUFWriter
     from gguf.quants import dequantize, quantize
+
+    from draftheads.interop.llama_cpp import copy_fields
 
     to = getattr(Q, kind)
     reader = GGUFReader(str(src))
@@ -55,9 +57,11 @@ def requantize(src: Path, dst: Path, kind: str) -> Path:
 def synthetic_target(shipped: Path, dst: Path, hidden: int, layers: int, ffn: int, kind: str = "Q4_0") -> Path:
     """A Llama of the given sizes with random weights in `kind`, the shipped target's tokenizer and vocabulary: what a
     decode step and a verification of k tokens cost on a bigger model (its outputs mean nothing)."""
-    from draftheads.interop.llama_cpp import copy_tokenizer
-    from gguf import GGMLQuantizationType as Q, GGUFReader, GGUFWriter
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFReader, GGUFWriter
     from gguf.quants import quantize
+
+    from draftheads.interop.llama_cpp import copy_tokenizer
 
     reader = GGUFReader(str(shipped))
     vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
@@ -114,10 +118,11 @@ def verify_costs(server, prefix: list[int], ks: list[int]) -> dict[int, float]:
 
 
 def main() -> None:
-    from draftheads.inference.llama_server import LlamaServer
-    from draftheads.interop.llama_cpp_build import install_llama_cpp
-    from draftheads.training.prompts import humaneval_prompts
     from transformers import AutoTokenizer
+
+    from draftheads.data.prompts import humaneval_prompts
+    from draftheads.interop.llama_cpp_build import install_llama_cpp
+    from draftheads.interop.llama_server import LlamaServer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("export", help="a draftheads export --format llama.cpp folder")

@@ -1,8 +1,8 @@
-"""How training/prompt_sets/long.jsonl was made: the bundled long-context evaluation set (`--prompts long`).
+"""How draftheads/data/prompt_sets/long.jsonl was made: the bundled long-context evaluation set (`--prompts long`).
 
-    python benchmarks/long_prompts.py [--per-kind 6] [--out training/prompt_sets/long.jsonl]
+    python benchmarks/long_prompts.py [--per-kind 6] [--out draftheads/data/prompt_sets/long.jsonl]
 
-The embedded target writes the articles and questions of the four passage kinds (training/task_kinds.py) with a seed
+The embedded target writes the articles and questions of the four passage kinds (data/task_kinds.py) with a seed
 no recipe uses (SEED), as self-written training data would be made, but the rows are stored and never trained on
 (data.prompts refuses 'long'). Retrieval prompts hold four articles (1,400-1,830 tokens as written on 2026-12-02); the others one (120-650); a kind
 whose articles the filters reject gets fewer rows (22 then: 6, 6, 5, 5), written in 10.5 min on 2 cores.
@@ -22,14 +22,14 @@ KINDS = ("summarization", "extraction", "qa", "retrieval")
 
 def main() -> None:
     import draftheads
-    from draftheads.training.batch_generate import LocalBackend
-    from draftheads.training.datagen import DataConfig
-    from draftheads.training.prompts import PromptSource, kinds_prompts
-    from draftheads.training.task_kinds import Writers
+    from draftheads.data.batch_generate import LocalBackend
+    from draftheads.data.datagen import DataConfig
+    from draftheads.data.prompts import PromptSource, kinds_prompts
+    from draftheads.data.task_kinds import Writers
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-kind", type=int, default=6)
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "training" / "prompt_sets" / "long.jsonl"))
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "draftheads" / "data" / "prompt_sets" / "long.jsonl"))
     args = parser.parse_args()
     model, tokenizer = draftheads.load_target("smollm2-135m", dtype="bf16")
     src = PromptSource(source="self", kinds={k: 1 for k in KINDS}, temperature=0.7, max_tokens=96, passage_tokens=640)

@@ -16,7 +16,7 @@ import torch
 
 from draftheads.core.sampling import warp_probs
 from draftheads.core.tree import Tree
-from draftheads.inference.accept import accept
+from draftheads.decoding.accept import accept
 
 VOCAB, REPEATS = 49152, 30
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from draftheads.data.target import load_target
+from draftheads.decoding.generate import speculative_generate
 from draftheads.heads.factory import bound_drafter, head_config
-from draftheads.inference.generate import speculative_generate
 from draftheads.interop.load import load_drafter
-from draftheads.training.target import load_target
 
 __all__ = ["load_target", "build_drafter", "load_drafter", "speculative_generate"]
 

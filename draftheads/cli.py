@@ -148,9 +148,9 @@ def _recipe_name(args) -> str:
 
 
 def cmd_recipe_show(args) -> int:
+    from draftheads.data.target import load_target_config
     from draftheads.recipe import load_recipe
     from draftheads.recipe_show import format_recipe
-    from draftheads.training.target import load_target_config
 
     recipe = load_recipe(_recipe_name(args), args.overrides)
     if not args.no_target:
@@ -171,8 +171,8 @@ def cmd_recipe_list(args) -> int:
 
 
 def cmd_data(args) -> int:
+    from draftheads.data.datagen import run_data
     from draftheads.recipe import load_recipe
-    from draftheads.training.datagen import run_data
 
     run_data(load_recipe(_recipe_name(args), args.overrides), overwrite=args.overwrite, dry_run=args.dry_run)
     return 0
@@ -191,7 +191,7 @@ ENGINE_REFUSED = ("accept", "temperature", "tree", "batch_size", "plain_above", 
 
 
 def cmd_eval(args) -> int:
-    from draftheads.inference.evaluate import run_eval, saved_eval_settings
+    from draftheads.evaluation.evaluate import run_eval, saved_eval_settings
 
     recipe = saved_eval_settings(args.drafters)
     if args.engine is not None:
@@ -214,7 +214,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_engine_eval(args, recipe) -> int:
-    from draftheads.inference.engine_eval import run_engine_eval
+    from draftheads.evaluation.engine_eval import run_engine_eval
 
     given = [f"--{name.replace('_', '-')}" for name in ENGINE_REFUSED if getattr(args, name) is not None]
     given += [flag for flag, on in (("--combined", args.combined), ("--refresh-profile", args.refresh_profile)) if on]
@@ -230,7 +230,7 @@ def cmd_engine_eval(args, recipe) -> int:
 
 
 def cmd_profile(args) -> int:
-    from draftheads.inference.profile_report import run_profile
+    from draftheads.evaluation.profile_report import run_profile
 
     run_profile(args.target, args.drafters, dtype=args.dtype, refresh=args.refresh, out=args.out)
     return 0

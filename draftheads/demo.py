@@ -23,11 +23,11 @@ import yaml
 from accelerate.state import AcceleratorState, GradientState
 
 from draftheads.core.errors import DraftheadsError
-from draftheads.inference.evaluate import run_eval
+from draftheads.data.datagen import run_data
+from draftheads.data.target import load_target
+from draftheads.evaluation.evaluate import run_eval
 from draftheads.recipe import load_recipe, read_recipe_text, recipe_from_dict
-from draftheads.training.datagen import run_data
 from draftheads.training.loop import run_training
-from draftheads.training.target import load_target
 
 RECIPE = "demo-smollm2"
 # Head sections of the other heads' bundled CPU recipes; data, training and evaluation stay the demo's.

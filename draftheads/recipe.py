@@ -19,12 +19,12 @@ import yaml
 
 from draftheads.core.config import build, check, defaults, suggest, to_dict
 from draftheads.core.errors import DraftheadsError
-from draftheads.heads.common import text_config
+from draftheads.core.target_dims import text_config
+from draftheads.data.datagen import DataConfig
+from draftheads.data.target import TargetConfig
+from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.heads.factory import HeadConfig, head_config
-from draftheads.inference.eval_config import EvalConfig
-from draftheads.training.datagen import DataConfig
 from draftheads.training.loop import TrainConfig
-from draftheads.training.target import TargetConfig
 from draftheads.training.trackers import LogConfig
 
 SECTIONS = {"target": TargetConfig, "data": DataConfig, "train": TrainConfig, "log": LogConfig, "eval": EvalConfig}

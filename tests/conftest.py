@@ -18,7 +18,7 @@ def thread_count(request):
 
 @pytest.fixture(scope="session", autouse=True)
 def profile_cache(tmp_path_factory):
-    """Cost profiles (inference/profile.py) of the tests' targets go to a folder of this session, not the user's."""
+    """Cost profiles (evaluation/profile.py) of the tests' targets go to a folder of this session, not the user's."""
     os.environ["DRAFTHEADS_PROFILES"] = str(tmp_path_factory.mktemp("profiles"))
 
 

@@ -1,68 +1,83 @@
 """The layer order ARCHITECTURE.md writes down, enforced on the source.
 
-Every draftheads import (function-local ones included) goes down the order or stays in its
-layer; no modules import each other in a cycle (package __init__ files count as modules); no
-function-local import is left outside the modules that import lazily for start-up time; and
-`draftheads --help` does not import torch.
+Every draftheads import (function-local ones included) goes down the order or stays in its package;
+packages on one level never import each other; no modules import each other in a cycle (package
+__init__ files count as modules); function-local imports of draftheads modules stay in the modules
+that import lazily for start-up time, and of third-party packages in the short list ARCHITECTURE.md
+gives; and `draftheads --help` does not import torch. The folder tree under draftheads/ is the
+import tree, so modules are found by walking it.
 
-    python tests/test_architecture.py [CHECKOUT]    # prints the import graph's counts (any checkout, old layouts too)
+    python tests/test_architecture.py [CHECKOUT]    # prints the import graph's counts
 """
 
 import ast
+import collections
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# folder -> package, as pyproject.toml maps them
-FOLDERS = {"draftheads": "draftheads", "core": "draftheads.core", "heads": "draftheads.heads",
-           "interop": "draftheads.interop", "training": "draftheads.training", "inference": "draftheads.inference",
-           "recipes": "draftheads.recipes"}
-# Modules whose function-local imports are there for start-up time: the lazy public API and the CLI's commands.
-LAZY = {"draftheads", "draftheads.cli"}
 
 
-def layer_order() -> list[str]:
-    """The packages bottom to top, from ARCHITECTURE.md's 'Layer order, top to bottom:' line."""
-    text = (ROOT / "ARCHITECTURE.md").read_text()
-    line = re.search(r"^Layer order, top to bottom: (.+)$", text, re.MULTILINE)
-    assert line, "ARCHITECTURE.md must state 'Layer order, top to bottom: `a` > `b` > ...'"
-    return re.findall(r"`([\w.]+)`", line.group(1))[::-1]
+def architecture(root: Path = ROOT) -> str:
+    return (root / "ARCHITECTURE.md").read_text()
+
+
+def layer_levels(root: Path = ROOT) -> list[list[str]]:
+    """The packages' levels bottom to top, from the 'Layer order, top to bottom:' line: levels are separated by
+    '>', the packages of one level by '|'."""
+    line = re.search(r"^Layer order, top to bottom: (.+)$", architecture(root), re.MULTILINE)
+    assert line, "ARCHITECTURE.md must state 'Layer order, top to bottom: `a` > `b` | `c` > ...'"
+    return [re.findall(r"`([\w.]+)`", level) for level in line.group(1).split(">")][::-1]
+
+
+def listed(root: Path, heading: str) -> set[str]:
+    """The `names` on ARCHITECTURE.md's line that starts with `heading`."""
+    line = re.search(rf"^{re.escape(heading)}(.+)$", architecture(root), re.MULTILINE)
+    assert line, f"ARCHITECTURE.md must have a line starting '{heading}'"
+    return set(re.findall(r"`([\w.]+)`", line.group(1)))
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
+    """Module name -> file for every .py file under draftheads/ (a package is its __init__.py)."""
     found = {}
-    for folder, package in FOLDERS.items():
-        for file in sorted((root / folder).glob("*.py")):
-            found[package if file.stem == "__init__" else f"{package}.{file.stem}"] = file
+    for file in sorted((root / "draftheads").rglob("*.py")):
+        parts = file.relative_to(root).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = file
     return found
 
 
-def layer_of(module: str, order: list[str]) -> int:
-    """Index in `order` of the deepest listed package holding `module` (the root package holds the rest)."""
-    owners = [p for p in order if module == p or module.startswith(p + ".")]
+def layer_of(module: str, levels: list[list[str]]) -> tuple[int, str]:
+    """(level, package) of the deepest listed package holding `module`; `__main__` modules are command-line
+    entry points and belong with the root package."""
+    if module.endswith(".__main__"):
+        module = "draftheads"
+    owners = [(i, p) for i, level in enumerate(levels) for p in level if module == p or module.startswith(p + ".")]
     assert owners, f"{module} is in no layer of ARCHITECTURE.md"
-    return order.index(max(owners, key=len))
+    return max(owners, key=lambda owner: len(owner[1]))
 
 
 def imports(file: Path, known: dict) -> list[tuple[str, int, bool]]:
-    """(imported draftheads module, line, inside a function) for every import in `file`."""
+    """(imported module, line, inside a function) for every import in `file`: draftheads modules by their full
+    name, third-party ones by their top-level name."""
     tree = ast.parse(file.read_text())
     local = {id(node) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
              for node in ast.walk(fn) if isinstance(node, (ast.Import, ast.ImportFrom))}
     out = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("draftheads"):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [f"{node.module}.{a.name}" for a in node.names]
             targets = [n for n in names if n in known] or [node.module]
         elif isinstance(node, ast.Import):
-            targets = [a.name for a in node.names if a.name.startswith("draftheads")]
+            targets = [a.name for a in node.names]
         else:
             continue
+        ours = [t for t in targets if t.startswith("draftheads")]
         # importing draftheads.a.b first runs draftheads.a's __init__ (the root package's runs for everyone)
-        parents = {t.rsplit(".", i)[0] for t in targets for i in range(1, t.count(".")) if t.count(".") > 1}
-        out += [(t, node.lineno, id(node) in local) for t in [*targets, *sorted(parents - set(targets))]]
+        parents = {t.rsplit(".", i)[0] for t in ours for i in range(1, t.count(".")) if t.count(".") > 1}
+        theirs = {t.split(".")[0] for t in targets if not t.startswith("draftheads")}
+        out += [(t, node.lineno, id(node) in local) for t in [*ours, *sorted(parents - set(ours)), *sorted(theirs)]]
     return out
 
 
@@ -72,12 +87,27 @@ def graph(root: Path = ROOT):
 
 
 def test_imports_go_down_the_layer_order():
-    order = layer_order()
-    assert order[0] == "draftheads.core" and order[-1] == "draftheads"
+    levels = layer_levels()
+    assert levels[0] == ["draftheads.core"] and levels[-1] == ["draftheads"]
     known, edges = graph()
-    upward = [f"{name}:{line} imports {target}" for name, found in edges.items() for target, line, _ in found
-              if target in known and layer_of(target, order) > layer_of(name, order)]
-    assert not upward, "imports against the layer order:\n" + "\n".join(upward)
+    wrong = []
+    for name, found in edges.items():
+        level, package = layer_of(name, levels)
+        for target, line, _ in found:
+            if target not in known:
+                continue
+            to_level, to_package = layer_of(target, levels)
+            if to_level > level or (to_level == level and to_package != package):
+                wrong.append(f"{name}:{line} imports {target} ({to_package} is not below {package})")
+    assert not wrong, "imports against the layer order:\n" + "\n".join(wrong)
+
+
+def test_every_package_is_in_a_layer():
+    levels = layer_levels()
+    packages = {name for name, file in modules().items() if file.name == "__init__.py"}
+    layered = {p for level in levels for p in level}
+    unlisted = sorted(p for p in packages if p not in layered and p.count(".") == 1 and p != "draftheads.recipes")
+    assert not unlisted, f"packages missing from ARCHITECTURE.md's layer order: {unlisted}"
 
 
 def cycles(known: dict, edges: dict) -> list[str]:
@@ -107,10 +137,14 @@ def test_no_import_cycles():
     assert not found, "import cycles:\n" + "\n".join(found)
 
 
-def test_function_local_imports_only_where_start_up_time_needs_them():
+def test_function_local_imports_only_where_documented():
+    lazy = listed(ROOT, "Modules that import draftheads lazily: ")
+    allowed = listed(ROOT, "Third-party packages imported where they are used: ")
     _, edges = graph()
     local = [f"{name}:{line} imports {target} inside a function" for name, found in edges.items()
-             for target, line, inside in found if inside and name not in LAZY]
+             for target, line, inside in found
+             if inside and (name not in lazy if target.startswith("draftheads") else
+                            target not in allowed and target not in sys.stdlib_module_names)]
     assert not local, "\n".join(local)
 
 
@@ -127,20 +161,21 @@ def test_help_does_not_import_torch():
 
 def report(root: Path) -> None:
     """The counts behind the architecture issue: package-to-package imports, cycles, imports inside functions."""
-    import collections
-
     known, edges = graph(root)
-    packages = sorted(FOLDERS.values(), key=len, reverse=True)
+    packages = sorted({n for n, f in known.items() if f.name == "__init__.py"}, key=len, reverse=True)
     package = {name: next(p for p in packages if name == p or name.startswith(p + ".")) for name in known}
-    crossing = {(n, line, package[t]) for n, found in edges.items() for t, line, _ in found if t in known and package[t] != package[n]}
+    crossing = {(n, line, package[t]) for n, found in edges.items() for t, line, _ in found
+                if t in known and package[t] != package[n]}
     pairs = collections.Counter((package[n], to) for n, _, to in crossing)
-    local = {(n, line) for n, found in edges.items() for _, line, inside in found if inside}
     print("files per package:", dict(sorted(collections.Counter(package.values()).items())))
     print("import statements from one package into another:")
     for (a, b), count in sorted(pairs.items()):
         print(f"  {a} -> {b}: {count}")
     print("import cycles:", len(cycles(known, edges)))
-    print("draftheads import statements inside functions:", len(local))
+    for kind, mine in (("draftheads", True), ("third-party", False)):
+        inside = {(n, line) for n, found in edges.items() for t, line, local in found
+                  if local and t.startswith("draftheads") == mine and t.split(".")[0] not in sys.stdlib_module_names}
+        print(f"{kind} import statements inside functions:", len(inside))
 
 
 if __name__ == "__main__":

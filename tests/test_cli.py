@@ -78,7 +78,7 @@ def test_train_entry_points_reach_the_same_function(monkeypatch):
 
 
 def test_eval_takes_unset_flags_from_the_runs_recipe(tmp_path, monkeypatch):
-    import draftheads.inference.evaluate as evaluate
+    import draftheads.evaluation.evaluate as evaluate
 
     run = tmp_path / "runs" / "tiny"
     (run / "final" / "drafter").mkdir(parents=True)

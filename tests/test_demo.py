@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from draftheads.demo import demo_recipe, run_demo
 from draftheads.core.errors import DraftheadsError
+from draftheads.demo import demo_recipe, run_demo
 from tests.fixtures import make_target, make_tokenizer
 
 USERS = ["Write a function that adds two numbers", "Hello! How can I help you today?", "def add(a, b):",

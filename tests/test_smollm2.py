@@ -50,7 +50,7 @@ def test_pipeline_on_the_real_target(smollm2, tmp_path, capsys):
 
 def test_speculative_greedy_equals_plain_on_the_real_target(smollm2):
     from draftheads import build_drafter, speculative_generate
-    from draftheads.inference.lookup import PromptLookupDrafter
+    from draftheads.decoding.lookup import PromptLookupDrafter
 
     model, tokenizer = smollm2
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "Write a Python function that reverses a list."}],

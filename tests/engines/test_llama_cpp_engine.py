@@ -35,8 +35,8 @@ def engine():
 def trained(tmp_path_factory):
     """(target, tokenizer, the prompts file, an EAGLE-3 run trained on the target's answers to those prompts)."""
     from draftheads import load_target
+    from draftheads.data.datagen import run_data
     from draftheads.recipe import load_recipe
-    from draftheads.training.datagen import run_data
     from draftheads.training.loop import run_training
 
     where = tmp_path_factory.mktemp("llama-cpp-engine")
@@ -56,7 +56,7 @@ def trained(tmp_path_factory):
 
 
 def test_llama_cpp_runs_our_eagle3_drafter_losslessly_and_accepts_its_drafts(engine, trained, tmp_path):
-    from draftheads.inference.engine_eval import run_engine_eval
+    from draftheads.evaluation.engine_eval import run_engine_eval
 
     target, prompts, run = trained
     folder = run_engine_eval([str(run)], prompts=str(prompts), max_new_tokens=64, draft_tokens=[3], ngram=False,

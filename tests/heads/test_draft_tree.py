@@ -2,11 +2,17 @@
 
 import torch
 
-from draftheads.heads.draft_tree import (
-    Sampling, child_distribution, draft_dynamic, draft_static, forest_to_tree, grow_dynamic, select_nodes,
-)
 from draftheads.core.sampling import warp_probs
 from draftheads.core.tree import DynamicTreeSpec, Tree
+from draftheads.heads.draft_tree import (
+    Sampling,
+    child_distribution,
+    draft_dynamic,
+    draft_static,
+    forest_to_tree,
+    grow_dynamic,
+    select_nodes,
+)
 
 VOCAB = 12
 

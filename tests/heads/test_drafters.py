@@ -6,10 +6,10 @@ import torch
 import draftheads
 from draftheads.core.config import build as build_config
 from draftheads.core.drafter import Drafter, TrainableDrafter
-from draftheads.heads.factory import HEAD_CONFIGS, new_drafter
-from tests.fixtures import make_target
-from draftheads.interop.native import save_drafter
 from draftheads.core.tree import Tree
+from draftheads.heads.factory import HEAD_CONFIGS, new_drafter
+from draftheads.interop.native import save_drafter
+from tests.fixtures import make_target
 from tests.heads.batches import make_batch, perturb, snapshot, target_features
 
 # (id, head type, config, number of depths trained)

@@ -6,11 +6,11 @@ import torch
 
 from draftheads.core.config import build, to_dict
 from draftheads.core.errors import DraftheadsError
-from draftheads.heads.draft_layer import unroll
-from draftheads.heads.factory import HEAD_CONFIGS, new_drafter
-from draftheads.heads.common import decoder_layer_class, shift_mask
-from draftheads.heads.eagle import EagleConfig
 from draftheads.core.tree import DynamicTreeSpec, Tree
+from draftheads.heads.common import decoder_layer_class, shift_mask
+from draftheads.heads.draft_layer import unroll
+from draftheads.heads.eagle import EagleConfig
+from draftheads.heads.factory import HEAD_CONFIGS, new_drafter
 from tests.heads.batches import train_steps
 
 STATIC_TREE = Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (0, 0, 0, 0)])

@@ -6,10 +6,10 @@ import torch
 
 from draftheads.core.config import build, to_dict
 from draftheads.core.errors import DraftheadsError
-from draftheads.heads.factory import HEAD_CONFIGS
-from draftheads.heads.mtp import MTPConfig, MTPDrafter
 from draftheads.core.sampling import warp_probs
 from draftheads.core.tree import DynamicTreeSpec, Tree
+from draftheads.heads.factory import HEAD_CONFIGS
+from draftheads.heads.mtp import MTPConfig, MTPDrafter
 from tests.heads.batches import train_steps
 
 TREE = Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (1, 0, 0)])

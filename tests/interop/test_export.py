@@ -21,12 +21,13 @@ from safetensors.torch import load_file
 
 from draftheads.api import build_drafter, load_drafter
 from draftheads.core.config import build, to_dict
-from draftheads.heads.factory import HEAD_CONFIGS
 from draftheads.core.errors import DraftheadsError
+from draftheads.core.tree import parse_tree
+from draftheads.heads.factory import HEAD_CONFIGS
 from draftheads.interop.export import export_drafter
 from draftheads.interop.native import save_drafter
-from draftheads.core.tree import parse_tree
-from tests.fixtures import FAMILIES as TEST_FAMILIES, make_target
+from tests.fixtures import FAMILIES as TEST_FAMILIES
+from tests.fixtures import make_target
 
 FAMILIES = TEST_FAMILIES + ("gemma",)   # every family a tiny config builds; the exports are checked for each
 

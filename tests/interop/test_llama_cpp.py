@@ -16,7 +16,12 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.heads.layers import causal_visible
 from draftheads.interop import llama_cpp
 from draftheads.interop.export import export_drafter
-from draftheads.interop.llama_cpp import DRAFTER_FILE, LAYOUTS, interleave_rope_rows, read_gguf
+from draftheads.interop.llama_cpp import (
+    DRAFTER_FILE,
+    LAYOUTS,
+    interleave_rope_rows,
+    read_gguf,
+)
 from draftheads.interop.native import save_drafter
 from tests.fixtures import make_target
 

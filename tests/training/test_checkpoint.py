@@ -5,15 +5,19 @@ import json
 import pytest
 import torch
 
+from draftheads.core import run_folder as R
 from draftheads.core.errors import DraftheadsError
 from draftheads.recipe import load_recipe
-from draftheads.core import run_folder as R
 from draftheads.training import checkpoint as C
 from draftheads.training import loop
 from draftheads.training.loop import run_training
-from tests.training.train_helpers import Crash, NoisyDrafter, crash_at, max_weight_diff, tiny_recipe
-
-
+from tests.training.train_helpers import (
+    Crash,
+    NoisyDrafter,
+    crash_at,
+    max_weight_diff,
+    tiny_recipe,
+)
 
 
 def noisy(target):

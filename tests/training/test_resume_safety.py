@@ -12,8 +12,6 @@ from draftheads.training.loop import run_training
 from tests.training.train_helpers import Crash, crash_at, max_weight_diff, tiny_recipe
 
 
-
-
 class Payload:
     """Unpickling this writes a file: proof that a checkpoint ran code."""
 

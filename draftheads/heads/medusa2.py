@@ -1,0 +1,189 @@
+"""Medusa-2 — Cai et al. 2024, §2.3.2: train LoRA on the target jointly with the Medusa heads.
+
+input_ids -> LoRA-adapted target decoder -> h_t [b, s, H] (with gradients through the adapter)
+  loss = target loss (next-token CE, or KL to the adapter-disabled target) + w * sum_k decay^(k-1) CE_k
+
+`Medusa2Drafter` holds both parts: `medusa`, plain Medusa heads (heads/medusa.py), and `target`,
+the target wrapped with its LoRA adapter. The adapter is injected into the target *in place*
+(peft), so the caller's target object becomes the adapted model; `adapted_target()` returns the
+peft wrapper, whose `disable_adapter()` context gives the original target back. The heads were
+trained on the adapted target's features: evaluate with the adapted target. Saved as the heads'
+weights file plus the adapter in PEFT format (`adapter/`).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.target_dims import target_dims
+from draftheads.heads.common import masked_ce, mean_loss, shift_mask
+from draftheads.heads.medusa import MedusaConfig, MedusaDrafter
+
+ADAPTER = "adapter"
+
+
+class Medusa2Drafter(nn.Module):
+    """Medusa heads and the target's LoRA adapter, trained together (composition: it owns both)."""
+
+    feature_layers = (-1,)
+    trains_target = True  # the loss runs the adapted target: online training only, no cached features
+
+    def __init__(self, config: MedusaConfig, target_config):
+        super().__init__()
+        dims = target_dims(target_config)
+        self.medusa = MedusaDrafter(config, dims.hidden_size, dims.vocab_size)
+        self.target = None  # the adapted target, registered at bind so its adapter trains and syncs with the heads
+
+    def __copy__(self) -> "Medusa2Drafter":
+        """Another row's drafter (decoding/decoder.py): the heads' drafting state is in `medusa`, so it is copied
+        too (sharing the weights); the adapted target is shared."""
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        twin._modules = {**self._modules, "medusa": copy.copy(self.medusa)}
+        return twin
+
+    @classmethod
+    def from_target(cls, target_config, cfg: MedusaConfig) -> "Medusa2Drafter":
+        return cls(cfg, target_config)
+
+    @property
+    def config(self) -> MedusaConfig:
+        return self.medusa.config
+
+    @property
+    def vocab(self):
+        return self.medusa.vocab
+
+    @property
+    def hidden_size(self) -> int:
+        return self.medusa.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.medusa.vocab_size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.medusa.dtype
+
+    def bind(self, target) -> "Medusa2Drafter":
+        """Wrap the target with a fresh LoRA adapter and give the heads its (frozen) lm_head."""
+        self.target = attach_lora(target, self.config)
+        self.medusa.bind(self.target.get_base_model())
+        return self
+
+    def adapted_target(self):
+        """The LoRA-adapted target (a peft model); `with m.disable_adapter():` gives the original."""
+        if self.target is None:
+            raise DraftheadsError("the Medusa-2 drafter is not bound to a target; call drafter.bind(target) first")
+        return self.target
+
+    # ---- training (core/drafter.py: TrainableDrafter) -------------------------------------------
+
+    def training_loss(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        """Target loss + medusa2_head_weight * heads' loss, all on the adapted target's features.
+
+        metrics add "target_loss_sum" [1] and "target_total" [1] for the target's own loss.
+        """
+        config = self.config
+        hidden = self._adapted_hidden(batch)
+        heads_loss, metrics = self.medusa.heads_loss(hidden.to(self.dtype), batch)
+        if config.medusa2_loss == "lm":
+            target_sum, _, total = masked_ce(hidden, batch, 1, self.medusa._lm_head)
+        else:
+            target_sum, total = self._kl_to_original(hidden, batch)
+        loss = mean_loss(target_sum, total) + config.medusa2_head_weight * heads_loss
+        metrics["target_loss_sum"] = target_sum.detach().float().reshape(1)
+        metrics["target_total"] = torch.tensor([total], device=hidden.device)
+        return loss, metrics
+
+    def _adapted_hidden(self, batch: dict) -> torch.Tensor:
+        """[b, s, H] last hidden state (after the final norm) of the adapted target."""
+        decoder = self.adapted_target().get_base_model().get_decoder()
+        out = decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch.get("position_ids"))
+        return out.last_hidden_state
+
+    def _kl_to_original(self, hidden: torch.Tensor, batch: dict) -> tuple[torch.Tensor, int]:
+        """Sum over counted positions of KL(p_original || p_adapted) for the next token."""
+        mask = shift_mask(batch, 1)
+        with torch.no_grad(), self.adapted_target().disable_adapter():
+            original = self._adapted_hidden(batch)
+        log_p = F.log_softmax(self.medusa._lm_head(original[:, :-1][mask]).float(), dim=-1)
+        log_q = F.log_softmax(self.medusa._lm_head(hidden[:, :-1][mask]).float(), dim=-1)
+        return F.kl_div(log_q, log_p, log_target=True, reduction="sum"), int(mask.sum())
+
+    def param_groups(self, lr: float) -> list[dict]:
+        """The heads at head_lr (default 4x lr), the LoRA adapter at lr."""
+        heads = [p for p in self.medusa.parameters() if p.requires_grad]
+        lora = [p for p in self.adapted_target().parameters() if p.requires_grad]
+        return [{"params": heads, "lr": self.config.head_lr or 4 * lr}, {"params": lora, "lr": lr}]
+
+    def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
+        self.medusa.set_draft_vocab(token_counts)
+
+    def saved_module(self) -> nn.Module:
+        """The heads: the weights file holds them alone; the adapter goes to adapter/."""
+        return self.medusa
+
+    def save_extras(self, folder) -> None:
+        """The LoRA adapter in PEFT format: adapter/adapter_config.json + adapter_model.safetensors."""
+        self.adapted_target().save_pretrained(str(Path(folder) / ADAPTER), safe_serialization=True)
+
+    def load_extras(self, folder) -> None:
+        """Load the adapter save_extras wrote into the bound, adapted target."""
+        from peft import set_peft_model_state_dict
+        from peft.utils import load_peft_weights
+
+        folder = Path(folder) / ADAPTER
+        if not (folder / "adapter_model.safetensors").is_file():
+            raise DraftheadsError(f"'{folder.parent}' has no {ADAPTER}/adapter_model.safetensors; a Medusa-2 drafter needs its LoRA adapter")
+        model = self.adapted_target()
+        device = next(model.parameters()).device
+        weights = load_peft_weights(str(folder), device=str(device))
+        result = set_peft_model_state_dict(model, weights)
+        missing = [k for k in result.missing_keys if "lora_" in k]
+        if result.unexpected_keys or missing:
+            bad = (list(result.unexpected_keys) + missing)[:3]
+            raise DraftheadsError(f"the adapter in '{folder}' does not match the drafter's LoRA config (e.g. {bad}); re-export it")
+
+    # ---- drafting: the heads', on the adapted target's features ---------------------------------
+
+    def reset(self) -> None:
+        self.medusa.reset()
+
+    def observe(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        self.medusa.observe(features, next_tokens)
+
+    def default_tree(self):
+        return self.medusa.default_tree()
+
+    def propose(self, tree=None, *, temperature=0.0, top_k=0, top_p=1.0, generator=None):
+        return self.medusa.propose(tree, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+
+
+def attach_lora(target, config):
+    """Wrap `target` with a fresh LoRA adapter (r, alpha, dropout, modules from `config`)."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if isinstance(target, PeftModel):
+        return target
+    if hasattr(target, "peft_config"):
+        raise DraftheadsError("the target already carries a peft adapter; load a fresh target for a Medusa-2 drafter")
+    lora = LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=list(config.lora_target_modules),
+        task_type="CAUSAL_LM",
+    )
+    try:
+        return get_peft_model(target, lora)
+    except ValueError as e:
+        first = str(e).strip().splitlines()[0][:200]
+        raise DraftheadsError(f"head.lora_target_modules does not fit this target: {first}") from None

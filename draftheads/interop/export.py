@@ -1,0 +1,210 @@
+"""Export a native drafter to the folder a serving engine loads.
+
+native drafter folder (or run folder) -> checks (head kind x format x target family) -> the
+engine module's writer (tensors renamed, the engine's config.json) -> OUT, written atomically. A
+folder an engine would mis-load silently is never written: such combinations are a one-line error
+that lists the formats this drafter supports. `draftheads_export.json` records where it came from.
+
+Export never removes what it did not write: OUT must be new, empty, or (with `overwrite`) a
+previous export of the same format; a run folder, a data folder, or a folder holding the drafter
+being exported is refused whatever the flags.
+
+Each engine is one module of this package (its layouts, traps, writers and readers); adding an
+engine format means adding its module and listing it in `ENGINES`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from draftheads.core.config import suggest
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.folders import write_folder
+from draftheads.core.run_folder import (
+    BEST,
+    DATA_MARKER,
+    DRAFTER,
+    FINAL,
+    incomplete_checkpoints,
+    list_checkpoints,
+)
+from draftheads.heads.factory import head_config, new_drafter
+from draftheads.interop import deepseek_mtp, llama_cpp, sglang, speculators, tgi, vllm
+from draftheads.interop.layout import Layout
+from draftheads.interop.native import CONFIG, PROVENANCE, WEIGHTS, SavedDrafter
+from draftheads.interop.vocab_mapping import write_vocab_mappings
+
+ENGINES = {"vllm": vllm, "sglang": sglang, "tgi": tgi, "speculators": speculators, "deepseek-mtp": deepseek_mtp,
+           "llama.cpp": llama_cpp}
+# formats that are not a safetensors file and a config.json: their WRITERS fill the folder themselves
+FOLDER_FORMATS = ("llama.cpp",)
+# the weights' dtype when --dtype is not given: as saved (fp32 master weights), except where the engine's own
+# converter defaults to half precision
+DEFAULT_DTYPES = {"llama.cpp": "fp16"}
+FORMATS = ("native", *ENGINES)
+LABELS = {"eagle3": "EAGLE-3", "eagle": "EAGLE", "medusa": "Medusa", "mtp": "MTP"}
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dtype: str | None = None,
+                   speculative_tokens: int | None = None, target_gguf=None) -> Path:
+    """Write the drafter at `src` (drafter or run folder) as `fmt` into folder `out`.
+
+    `target` (a loaded model, a local path or a hub id) is needed only when the drafter's own
+    record of its target cannot be resolved. `overwrite` lets a previous export of the same format
+    in `out` be replaced. `dtype` (bf16, fp16, fp32) casts the floating-point tensors (default: as saved, the fp32
+    master weights). `speculative_tokens`: the draft length written where an engine config takes one (default: the
+    length the drafter was trained for). `target_gguf`: llama.cpp only, the target GGUF the drafter runs with (default:
+    `target` when it is a .gguf file, else the drafter's recorded target: a .gguf file or the embedded one). Returns `out`.
+    """
+    if fmt not in FORMATS:
+        raise DraftheadsError(f"unknown export format '{fmt}'{suggest(fmt, FORMATS)}; use one of {', '.join(FORMATS)}")
+    if dtype is not None and dtype not in DTYPES:
+        raise DraftheadsError(f"unknown export dtype '{dtype}'; use one of {', '.join(DTYPES)}")
+    if speculative_tokens is not None and speculative_tokens < 1:
+        raise DraftheadsError(f"--speculative-tokens must be at least 1, got {speculative_tokens}")
+    dtype = dtype or DEFAULT_DTYPES.get(fmt)
+    saved = SavedDrafter.read(src, target, dtype=DTYPES.get(dtype), speculative_tokens=speculative_tokens)
+    out = Path(out).expanduser()
+    check_out(out, fmt, saved, overwrite)
+    provenance = {"format": fmt, "source": str(saved.folder), "head": saved.head, "target": saved.config.get("target"),
+                  "feature_layers": saved.config.get("feature_layers")}
+    if fmt == "native":
+        validate_native(saved)
+
+        def copy(tmp: Path) -> None:
+            shutil.copytree(saved.folder, tmp, dirs_exist_ok=True)
+            if dtype is not None:   # the same tensors, cast
+                save_file({k: v.contiguous() for k, v in saved.state.items()}, str(tmp / WEIGHTS), metadata={"format": "pt"})
+            write_mappings(tmp, saved)
+            (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
+
+        return write_folder(out, copy)
+    check_allowed(saved, fmt)
+    if fmt in FOLDER_FORMATS:
+
+        def fill_engine_folder(tmp: Path) -> None:
+            gguf = target_gguf or (target if isinstance(target, (str, os.PathLike)) and str(target).endswith(".gguf") else None)
+            record = ENGINES[fmt].WRITERS[saved.kind](saved, tmp, gguf)
+            (tmp / PROVENANCE).write_text(json.dumps({**provenance, **record}, indent=2) + "\n")
+
+        return write_folder(out, fill_engine_folder)
+    tensors, config, weights_file = ENGINES[fmt].WRITERS[saved.kind](saved)
+
+    def fill(tmp: Path) -> None:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / weights_file), metadata={"format": "pt"})
+        (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        write_mappings(tmp, saved)
+        (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
+
+    return write_folder(out, fill)
+
+
+def write_mappings(folder: Path, saved: SavedDrafter) -> None:
+    """An EAGLE-3 drafter's draft vocabulary also as SpecForge's vocab_mapping.pt and speculators' d2t.npy / t2d.npy,
+    for reuse there (and here: train.draft_vocab_from)."""
+    if saved.kind == "eagle3" and "d2t" in saved.state:
+        write_vocab_mappings(folder, saved.state["d2t"], int(saved.config["target"]["vocab_size"]))
+
+
+def check_out(out: Path, fmt: str, saved: SavedDrafter, overwrite: bool) -> None:
+    """Refuse an --out that export would have to destroy something to write, before any work is done."""
+    source = saved.folder.resolve()
+    where = out.resolve()
+    if where == source or source.is_relative_to(where) or where.is_relative_to(source):
+        raise DraftheadsError(f"--out {out} is, holds or lies inside the drafter being exported ({saved.folder}); "
+                              "choose a folder outside it")
+    if out.exists() and not out.is_dir():
+        raise DraftheadsError(f"--out {out} is a file; give a folder (new or empty)")
+    if out.is_dir() and holds_training_work(out):
+        raise DraftheadsError(f"--out {out} holds training checkpoints, drafters or data (a run or data folder); "
+                              "export into a new folder")
+    if out.is_dir() and any(out.iterdir()):
+        previous = previous_export(out)
+        if previous is None:
+            raise DraftheadsError(f"--out {out} is not empty and is not a draftheads export; choose a new or empty folder")
+        if previous != fmt:
+            raise DraftheadsError(f"--out {out} holds a previous '{previous}' export, not '{fmt}'; choose another folder")
+        if not overwrite:
+            raise DraftheadsError(f"--out {out} holds a previous '{fmt}' export; pass --overwrite to replace it")
+    parent = next(p for p in [out, *out.parents] if p.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise DraftheadsError(f"cannot write --out {out}: {parent} is not a writable folder; choose another place")
+
+
+def holds_training_work(folder: Path) -> bool:
+    """A run folder (checkpoints, final/ or best/ drafters), a `draftheads data` folder or any saved dataset."""
+    return bool(list_checkpoints(folder) or incomplete_checkpoints(folder) or (folder / FINAL / DRAFTER).exists()
+                or (folder / BEST / DRAFTER).exists() or (folder / DATA_MARKER).exists()
+                or (folder / "dataset_info.json").exists() or (folder / "dataset_dict.json").exists())
+
+
+def previous_export(folder: Path) -> str | None:
+    """The format of the draftheads export in `folder`, None if it holds none."""
+    try:
+        return json.loads((folder / PROVENANCE).read_text()).get("format")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def validate_native(saved: SavedDrafter) -> None:
+    """The folder must be loadable: its head config builds and its tensors match that head."""
+    config = head_config(dict(saved.head))
+    try:
+        target_config = saved.target_config()
+    except DraftheadsError:
+        return  # nothing to build against: the config and tensors parsed, which is all we can check
+    expected = {k: tuple(v.shape) for k, v in new_drafter(config, target_config).saved_module().state_dict().items()}
+    found = {k: tuple(v.shape) for k, v in saved.state.items()}
+    if expected != found:
+        diff = sorted(set(expected.items()) ^ set(found.items()))[:3]
+        raise DraftheadsError(f"{saved.folder / WEIGHTS} does not match its config.json (e.g. {diff}); re-save the drafter")
+
+
+# ---- which formats a drafter may go to --------------------------------------------------------
+
+
+def find_layout(fmt: str, kind: str) -> Layout | None:
+    return next((layout for layout in ENGINES[fmt].LAYOUTS if layout.kind == kind), None)
+
+
+def refusal(saved: SavedDrafter, fmt: str) -> str | None:
+    """Why `saved` cannot be exported as `fmt` (None: it can)."""
+    kind = saved.kind
+    family = saved.layer_family if kind == "eagle3" else saved.family   # EAGLE-3 engines build the drafter's layer class
+    if fmt == "native":
+        return None
+    layout = find_layout(fmt, kind)
+    if layout is None:
+        loads = sorted({LABELS[other.kind] for other in ENGINES[fmt].LAYOUTS if other.kind in LABELS})
+        return f"{fmt} has no loader for {LABELS[kind]} drafters (it loads {', '.join(loads)} drafters only)"
+    if kind == "medusa" and saved.head.get("medusa2"):
+        return "Medusa-2 heads read the LoRA-adapted target, which engines do not build; merge the adapter into the target first"
+    if layout.families and family not in layout.families:
+        if kind == "eagle3":
+            return (f"{layout.engine} has no EAGLE-3 class for a {family} draft layer (it builds {', '.join(layout.families)} "
+                    "layers); train with head.draft_layer: llama, which every engine loads")
+        return f"{layout.engine} has no {kind} layer for a {family or 'unknown'} target (it supports {', '.join(layout.families)})"
+    reason = ENGINES[fmt].refusal(saved)  # what this engine's loader cannot hold
+    if reason is None and kind not in ENGINES[fmt].WRITERS:
+        return f"writing {kind} heads for {layout.engine} is not implemented"
+    return reason
+
+
+def allowed_formats(saved: SavedDrafter) -> list[str]:
+    return [fmt for fmt in FORMATS if refusal(saved, fmt) is None]
+
+
+def check_allowed(saved: SavedDrafter, fmt: str) -> None:
+    reason = refusal(saved, fmt)
+    if reason:
+        raise DraftheadsError(f"cannot export this {LABELS[saved.kind]} drafter as '{fmt}': {reason}; "
+                              f"formats for it: {', '.join(allowed_formats(saved))}")

@@ -1,0 +1,297 @@
+"""The native drafter format: a folder with `model.safetensors` + `config.json` (+ what the drafter adds).
+
+config.json = {"format": "draftheads", "draftheads_version", "head": {every hyper-parameter},
+               "target": {name, revision, architecture, model_type, hidden_size, vocab_size, num_layers},
+               "feature_layers": [...], "extra": {...}}
+model.safetensors holds only the drafter's own tensors (never the target's shared modules). A
+Medusa-2 drafter adds `adapter/` (its LoRA adapter in PEFT format). Weights are never pickled.
+Folders are written atomically (core/folders.py). `SavedDrafter` is a folder read as plain
+tensors and config: what the engine exports (interop/export.py) are written from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from huggingface_hub import snapshot_download
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig
+
+from draftheads.core.config import to_dict
+from draftheads.core.drafter import TrainableDrafter
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.folders import write_folder
+from draftheads.core.run_folder import drafter_candidates
+from draftheads.core.target_dims import target_dims, text_config
+from draftheads.core.targets import locate_target
+from draftheads.core.tree import parse_tree
+from draftheads.core.version import __version__
+from draftheads.heads.common import place_like
+from draftheads.heads.factory import head_config, new_drafter
+from draftheads.heads.layers import llama_layer_config
+
+FORMAT = "draftheads"
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+PROVENANCE = "draftheads_export.json"  # beside every engine export (interop/export.py): where it came from
+CHECKED = ("architecture", "hidden_size", "vocab_size")  # a mismatch here means the drafter cannot work
+
+
+# ---- writing ----------------------------------------------------------------------------------
+
+
+def own_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The module's tensors, contiguous on CPU, each with its own storage."""
+    out, seen = {}, set()
+    for name, tensor in module.state_dict().items():
+        tensor = tensor.detach().cpu().contiguous()
+        if tensor.untyped_storage().data_ptr() in seen:  # tied tensors: safetensors refuses shared storage
+            tensor = tensor.clone()
+        seen.add(tensor.untyped_storage().data_ptr())
+        out[name] = tensor
+    return out
+
+
+def save_drafter(drafter: TrainableDrafter, folder, target=None, extra: dict | None = None) -> Path:
+    """Write the drafter to `folder` atomically (a temporary sibling folder, then a rename)."""
+
+    def fill(tmp: Path) -> None:
+        save_file(own_state_dict(drafter.saved_module()), str(tmp / WEIGHTS), metadata={"format": "pt"})
+        drafter.save_extras(tmp)
+        config = {
+            "format": FORMAT,
+            "draftheads_version": __version__,
+            "head": to_dict(drafter.config),
+            "target": target_summary(target) if target is not None else None,
+            "feature_layers": list(drafter.feature_layers),
+            "extra": extra or {},
+        }
+        (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+
+    return write_folder(Path(folder), fill)
+
+
+def target_summary(target) -> dict:
+    """What the native format records about the target, and checks again on load."""
+    base = target.get_base_model() if hasattr(target, "get_base_model") else target  # a peft-wrapped target
+    config = base.config
+    dims = target_dims(config)
+    return {
+        "name": getattr(base, "name_or_path", None) or getattr(config, "_name_or_path", None) or None,
+        "revision": getattr(config, "_commit_hash", None),
+        "architecture": (getattr(config, "architectures", None) or [type(base).__name__])[0],
+        "model_type": config.model_type,
+        "hidden_size": dims.hidden_size,
+        "vocab_size": dims.vocab_size,
+        "num_layers": dims.num_layers,
+    }
+
+
+# ---- reading ----------------------------------------------------------------------------------
+
+
+def resolve_drafter_folder(path) -> Path:
+    """A drafter folder from a drafter folder or a run folder (final/drafter, else the newest complete step's)."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise DraftheadsError(f"drafter path '{path}' does not exist; give a drafter folder or a run folder (runs/<name>)")
+    if (path / CONFIG).is_file():
+        return path
+    for candidate in drafter_candidates(path):
+        if (candidate / CONFIG).is_file():
+            return candidate
+    raise DraftheadsError(
+        f"'{path}' has no config.json; give a drafter folder (with model.safetensors + config.json) or a run folder with final/drafter/"
+    )
+
+
+def read_config(folder: Path) -> dict:
+    """config.json of a drafter folder (ours or an engine's)."""
+    try:
+        return json.loads((folder / CONFIG).read_text())
+    except json.JSONDecodeError as e:
+        raise DraftheadsError(f"{folder / CONFIG} is not valid JSON ({e.msg} at line {e.lineno}); re-export the drafter") from None
+
+
+def saved_head(config: dict) -> dict:
+    """A native config.json's head section, with what folders saved before a setting existed were built with:
+    EAGLE-3 layers of the target's class before head.draft_layer (a Llama layer by default since)."""
+    head = dict(config.get("head") or {})
+    if head.get("type") == "eagle" and head.get("eagle3") and "draft_layer" not in head:
+        head["draft_layer"] = "target"
+    return head
+
+
+def load_native(folder: Path, config: dict, target):
+    """A native drafter, checked against `target`, bound to it and placed on its device/dtype."""
+    check_target(config.get("target"), target, folder)
+    drafter = new_drafter(head_config(saved_head(config), f"{folder / CONFIG}: head"), target.config)
+    load_weights(drafter.saved_module(), folder / WEIGHTS)
+    drafter.bind(target)
+    drafter.load_extras(folder)
+    return place_like(drafter, target)
+
+
+def check_target(saved: dict | None, target, folder: Path) -> None:
+    """Refuse a target whose architecture, hidden size or vocabulary differs from the saved one."""
+    if not saved:
+        return  # saved without a target: nothing to compare against
+    current = target_summary(target)
+    for key in CHECKED:
+        if saved.get(key) is not None and saved[key] != current[key]:
+            raise DraftheadsError(
+                f"drafter {folder} was trained for a target with {key} {saved[key]} but this target has {key} {current[key]}; "
+                f"load it with {saved.get('name') or 'the original target'}"
+            )
+
+
+def read_weights(file: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors on the CPU; a damaged file is a one-line error."""
+    try:
+        return load_file(str(file), device="cpu")
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for a truncated or foreign file
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise DraftheadsError(f"{file} is damaged and cannot be read ({first}); re-save or re-export the drafter") from None
+
+
+def load_weights(module: torch.nn.Module, file: Path) -> None:
+    """Strict load from safetensors (no pickle); missing or unexpected tensors are a one-line error."""
+    if not file.is_file():
+        raise DraftheadsError(f"'{file}' not found; the drafter folder is incomplete, re-export it")
+    state = read_weights(file)
+    expected = set(module.state_dict())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        parts = ([f"missing {missing[:3]}"] if missing else []) + ([f"unexpected {unexpected[:3]}"] if unexpected else [])
+        raise DraftheadsError(f"{file} does not match the drafter its config.json describes ({'; '.join(parts)}); re-export it")
+    try:
+        module.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shape mismatch
+        raise DraftheadsError(f"{file}: {str(e).splitlines()[-1].strip()[:300]}; re-export the drafter") from None
+
+
+# ---- a saved drafter as data (what engine exports are written from) ------------------------------
+
+
+@dataclass
+class SavedDrafter:
+    """A native drafter folder read as its config and tensors, plus what is known of its target."""
+
+    folder: Path
+    config: dict  # the native config.json
+    state: dict[str, torch.Tensor]
+    target_ref: object  # a loaded model, a path / hub id, or None (use the recorded target name)
+    speculative_tokens_given: int | None = None
+
+    @classmethod
+    def read(cls, src, target_ref=None, dtype: torch.dtype | None = None, speculative_tokens: int | None = None) -> "SavedDrafter":
+        """The drafter at `src`; `dtype` casts its floating-point tensors (index maps such as d2t stay integers)."""
+        folder = resolve_drafter_folder(src)
+        config = read_config(folder)
+        if config.get("format") != FORMAT:
+            raise DraftheadsError(f"'{folder}' is not a native draftheads drafter; export reads drafters trained here "
+                                  "(load engine folders with load_drafter)")
+        if not (folder / WEIGHTS).is_file():
+            raise DraftheadsError(f"'{folder / WEIGHTS}' not found; the drafter folder is incomplete")
+        state = read_weights(folder / WEIGHTS)
+        if dtype is not None:
+            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        return cls(folder, config, state, target_ref, speculative_tokens)
+
+    @property
+    def head(self) -> dict:
+        return saved_head(self.config)
+
+    @property
+    def kind(self) -> str:
+        """medusa, eagle, eagle3 or mtp: what engine layouts are listed by."""
+        return "eagle3" if self.head["type"] == "eagle" and self.head.get("eagle3") else self.head["type"]
+
+    @property
+    def family(self) -> str | None:
+        return (self.config.get("target") or {}).get("model_type")
+
+    @property
+    def layer_family(self) -> str | None:
+        """The model type of the drafter's decoder layer: llama for EAGLE-3's Llama layer, else the target's."""
+        return "llama" if self.head.get("draft_layer") == "llama" else self.family
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(t.dtype for t in self.state.values() if t.is_floating_point())
+
+    @property
+    def speculative_tokens(self) -> int:
+        """The draft length an engine should run: as given, else the one the drafter was trained for (EAGLE-3: its
+        training-time-test unroll; Medusa: its heads; MTP: its modules; EAGLE-1/2: its default tree's depth)."""
+        if self.speculative_tokens_given:
+            return self.speculative_tokens_given
+        h = self.head
+        if self.kind == "eagle3" and h.get("ttt_steps", 1) > 1:
+            return int(h["ttt_steps"])
+        if self.kind == "medusa":
+            return int(h["num_heads"])
+        if self.kind == "mtp":
+            return int(h["depth"])
+        return parse_tree(h.get("default_tree") or "chain:5").depth
+
+    def target_name(self) -> str | None:
+        if isinstance(self.target_ref, (str, os.PathLike)):
+            return str(self.target_ref)
+        recorded = (self.config.get("target") or {}).get("name")
+        if recorded or not isinstance(self.target_ref, torch.nn.Module):
+            return recorded or None
+        return getattr(self.target_ref.config, "_name_or_path", None) or None
+
+    def target_config(self):
+        """The target's full (text) config: layer sizes, rope, norms for an engine's config.json."""
+        if isinstance(self.target_ref, torch.nn.Module):
+            return text_config(self.target_ref.config)
+        where, extra = self.target_location()
+
+        try:
+            return text_config(AutoConfig.from_pretrained(where, **extra))
+        except (OSError, ValueError) as e:
+            raise DraftheadsError(f"cannot read the target config from '{self.target_name()}' ({str(e).splitlines()[0][:120]}); "
+                                  "pass --target PATH") from None
+
+    def layer_config(self):
+        """The config of the drafter's decoder layer as the engines build it: the Llama layer EAGLE-3 uses by default
+        (the target's sizes and rope, SiLU, no biases or q/k norms), else the target's own."""
+        target = self.target_config()
+        return llama_layer_config(target) if self.head.get("draft_layer") == "llama" else target
+
+    def target_lm_head(self) -> torch.Tensor:
+        """[V, H] the target's output-embedding weight (engines without a shared lm_head need a copy)."""
+        if isinstance(self.target_ref, torch.nn.Module):
+            return self.target_ref.get_output_embeddings().weight.detach().cpu()
+        where, _ = self.target_location()
+        return read_target_tensor(where, ("lm_head.weight", "model.embed_tokens.weight"))
+
+    def target_location(self) -> tuple[str, dict]:
+        """Where the target is, resolved as load_target resolves it (the embedded alias included), offline."""
+        name = self.target_name()
+        if not name:
+            raise DraftheadsError("this export needs the target's config but the drafter records no target; pass --target PATH_OR_HUB_ID")
+        return locate_target(name)
+
+
+def read_target_tensor(name: str, keys: tuple[str, ...]) -> torch.Tensor:
+    """The first of `keys` found in the target's safetensors files (a local folder, or a hub id in the HF cache)."""
+    folder = Path(name) if Path(name).is_dir() else None
+    if folder is None:
+        try:
+            folder = Path(snapshot_download(name, allow_patterns=["*.safetensors", "*.json"], local_files_only=True))
+        except (OSError, ValueError):  # not in the local cache (no download here)
+            folder = None
+    for file in sorted(folder.glob("*.safetensors")) if folder else ():
+        with safe_open(str(file), framework="pt") as f:
+            for key in keys:
+                if key in f.keys():
+                    return f.get_tensor(key)
+    raise DraftheadsError(f"cannot read the target's lm_head from '{name}' (needed: this engine does not share it); pass --target LOCAL_FOLDER")

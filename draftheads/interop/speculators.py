@@ -1,0 +1,76 @@
+"""speculators (0.9.0, and vLLM's speculators loader): EAGLE-3 folders (`Eagle3Speculator`), whose
+tensor names are the public EAGLE-3 layout's under `layers.0.` (interop/eagle_layout.py).
+"""
+
+from __future__ import annotations
+
+from draftheads.interop.eagle_layout import (
+    eagle3_fields,
+    eagle3_tensors,
+    eagle3_to_engine,
+    engine_layer_config,
+)
+from draftheads.interop.layout import SPECULATORS, VLLM, Layout, LoaderFile
+from draftheads.interop.native import SavedDrafter
+
+SPECULATORS_VERSION = "0.9.0"  # the speculators release whose config schema we write
+
+LAYOUTS = (
+    Layout(
+        format="speculators", kind="eagle3", engine="speculators 0.9.0 / vLLM speculators loader",
+        weights_file="model.safetensors",
+        architectures=("Eagle3Speculator",),
+        config={
+            "speculators_model_type": "eagle3", "transformer_layer_config": "the layer's config (model_type llama or qwen3)",
+            "speculators_config": "{algorithm, proposal_methods: [{proposal_type: greedy, speculative_tokens}], "
+            "default_proposal_method, verifier: {name_or_path, architectures}}",
+            "draft_vocab_size": "Vd", "target_hidden_size": "H", "norm_before_residual": "false, written explicitly",
+            "eagle_aux_hidden_state_layer_ids": "hidden_states indices (as vLLM): layer l's output is l + 1",
+        },
+        tensors=eagle3_tensors("layers.0."),
+        families=("llama", "mistral", "qwen3"),
+        read_from=(
+            LoaderFile(SPECULATORS, "src/speculators/config.py", "PyPI speculators==0.9.0"),
+            LoaderFile(SPECULATORS, "src/speculators/model.py", "PyPI speculators==0.9.0"),
+            LoaderFile(SPECULATORS, "src/speculators/models/eagle3/core.py", "PyPI speculators==0.9.0"),
+            LoaderFile(VLLM, "vllm/transformers_utils/configs/speculators/base.py", "94699746757f9d68e2f4bd89ad2c4b10ed962457"),
+            LoaderFile(VLLM, "vllm/transformers_utils/configs/speculators/algos.py", "stored file id 54858736156"),
+        ),
+        traps=(
+            "the speculators model starts lm_head/embeddings as NaN and keeps NaN for anything not loaded",
+            "vLLM's speculators path defaults norm_before_residual to TRUE when the key is absent (speculators: false)",
+            "only transformer_layer_config.model_type llama or qwen3 has an EAGLE-3 first-layer class",
+            "speculators 0.9.0 has no EAGLE-1 model type",
+        ),
+    ),
+)
+
+
+def write_eagle3(s: SavedDrafter):
+    """Eagle3Speculator: the layer's own config, vLLM's aux-layer numbering, a greedy proposal method."""
+    model_type = "qwen3" if s.layer_family == "qwen3" else "llama"
+    layer = engine_layer_config(s.layer_config(), model_type, [], s.dtype, attention_bias=False, tie_word_embeddings=False)
+    layer.pop("architectures")
+    depth = s.speculative_tokens
+    verifier_arch = (s.config.get("target") or {}).get("architecture")
+    config = {
+        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "speculators_version": SPECULATORS_VERSION,
+        "transformer_layer_config": layer,
+        **eagle3_fields(s, [layer_id + 1 for layer_id in s.head["feature_layers"]]),  # vLLM's numbering
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": depth, "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": s.target_name(), "architectures": [verifier_arch] if verifier_arch else []},
+        },
+        "torch_dtype": str(s.dtype).removeprefix("torch."), "dtype": str(s.dtype).removeprefix("torch."),
+    }
+    return eagle3_to_engine(s.state, "layers.0."), config, "model.safetensors"
+
+
+def refusal(saved: SavedDrafter) -> str | None:
+    """speculators loads its layout for the families it lists."""
+    return None
+
+
+WRITERS = {"eagle3": write_eagle3}

@@ -1,0 +1,216 @@
+"""vLLM: Medusa (`MedusaModel`), EAGLE-1 (`EagleLlamaForCausalLM`) and EAGLE-3
+(`LlamaForCausalLMEagle3`) folders, written and (Medusa) read back.
+
+Writers take a SavedDrafter (interop/native.py) and return (tensors, config.json, weights file).
+EAGLE tensor names are the public EAGLE layout's (interop/eagle_layout.py); EAGLE folders of any
+engine are read by interop/load.py.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.target_dims import target_dims
+from draftheads.heads import draft_vocab
+from draftheads.interop.eagle_layout import (
+    eagle3_fields,
+    eagle3_tensors,
+    eagle3_to_engine,
+    eagle_to_engine,
+    engine_layer_config,
+    layer_biases,
+    llama_layer,
+)
+from draftheads.interop.layout import VLLM, Layout, LoaderFile, Tensor
+from draftheads.interop.native import SavedDrafter
+
+LAYOUTS = (
+    Layout(
+        format="vllm", kind="medusa", engine="vLLM (MedusaModel)", weights_file="model.safetensors",
+        architectures=("MedusaModel",),
+        config={
+            "model_type": "medusa", "hidden_size": "H", "vocab_size": "V",
+            "truncated_vocab_size": "V, or Vd < V: draft among token_map's tokens only",
+            "num_heads": "K", "num_hidden_layers": "blocks per head",
+            "medusa_fc_bias": "true (else the blocks are built without biases and the biases are dropped)",
+            "original_lm_head": "true: one lm head shared by all heads, read from lm_heads.0.weight",
+        },
+        tensors=(
+            Tensor("blocks.{h}.layers.{l}.weight", ("H", "H")),
+            Tensor("blocks.{h}.layers.{l}.bias", ("H",)),
+            Tensor("lm_heads.{h}.weight", ("V", "H")),  # shared head: only lm_heads.0.weight; Vd rows with token_map
+            Tensor("token_map", ("Vd",), "int64", when="truncated_vocab_size < V"),  # target id of each lm head row
+        ),
+        read_from=(
+            LoaderFile(VLLM, "vllm/model_executor/models/medusa.py", "09cddad8f0324594022359cd2b07e962a14b895f"),
+            LoaderFile(VLLM, "vllm/transformers_utils/configs/medusa.py", "0531c2226a6a25cd96ccc856f3bda3f0bb4efb5f"),
+            LoaderFile(VLLM, "vllm/v1/spec_decode/medusa.py", "afe4cc5a6cca6842620df36f6d02b43a224f4974"),
+        ),
+        traps=(
+            "without medusa_fc_bias: true the residual blocks have no bias and the saved biases are skipped",
+            "the config loader renames EVERY key containing 'num'+'heads' to num_heads and 'num'+'layers' to "
+            "num_hidden_layers, so no other such key (num_attention_heads, num_key_value_heads) may appear",
+            "the target's lm_head is not shared: the lm head weights must be in the folder",
+            "weights not named blocks.* / lm_heads.* (or medusa_heads.-prefixed) are ignored",
+            "token_map is read only when truncated_vocab_size < vocab_size; lm heads with more rows are cut to token_map's",
+        ),
+    ),
+    Layout(
+        format="vllm", kind="eagle", engine="vLLM (EagleLlamaForCausalLM)", weights_file="model.safetensors",
+        architectures=("EagleLlamaForCausalLM",),
+        config={
+            "model_type": "llama", "num_hidden_layers": "1", "attention_bias": "true when biases are folded in",
+            "qkv_bias": "true when q/k/v carry biases", "tie_word_embeddings": "the target's",
+            "(rest)": "the target's attention/MLP/rope/norm fields",
+        },
+        tensors=(Tensor("fc.weight", ("H", "2H")),) + llama_layer("layers.0.", "H", input_norm=False),
+        families=("llama", "mistral", "qwen2"),
+        read_from=(
+            LoaderFile(VLLM, "vllm/model_executor/models/llama_eagle.py", "e1c4a55214c63e19e83f82ad6c552d82148bae0b"),
+            LoaderFile(VLLM, "vllm/model_executor/models/llama_eagle.py", "00da92319af4b2ad2cde8525b7b609c779bdc52f"),
+            LoaderFile(VLLM, "vllm/model_executor/models/llama.py", "e06c9ba2a6ea923a84add30f5dafaea126429b81"),
+            LoaderFile(VLLM, "vllm/transformers_utils/configs/eagle.py", "23c5aa92d517802488a0c77a5f58cd0a2019c5a3"),
+        ),
+        traps=(
+            "fc is built with bias=False: fc.bias is a KeyError in one version and silently skipped in another; "
+            "export folds the fc bias into the attention biases (exact) instead",
+            "the layer's attention_bias gives q/k/v AND o_proj biases; qkv_bias overrides the q/k/v part only",
+            "embed_tokens and lm_head are taken from the target (pipeline parallelism off): not needed in the folder",
+            "EAGLE-1 architectures registered: EagleLlamaForCausalLM (+ Llama4, MiniCPM); no Qwen2/Qwen3 EAGLE-1 class",
+        ),
+    ),
+    Layout(
+        format="vllm", kind="eagle3", engine="vLLM (Eagle3LlamaForCausalLM / LlamaForCausalLMEagle3)",
+        weights_file="model.safetensors",
+        architectures=("LlamaForCausalLMEagle3",),
+        config={
+            "model_type": "llama", "num_hidden_layers": "1", "draft_vocab_size": "Vd", "target_hidden_size": "H",
+            "eagle_aux_hidden_state_layer_ids": "hidden_states indices: layer l's OUTPUT is id l + 1",
+            "norm_before_residual": "false (the residual is the un-normed fc output)",
+            "tie_word_embeddings": "false",
+        },
+        tensors=eagle3_tensors("midlayer."),
+        families=("llama", "mistral"),
+        read_from=(
+            LoaderFile(VLLM, "vllm/model_executor/models/llama_eagle3.py", "583507d13075783a12ccbd774575974d10ca4959"),
+            LoaderFile(VLLM, "vllm/model_executor/models/llama.py", "e06c9ba2a6ea923a84add30f5dafaea126429b81"),
+        ),
+        traps=(
+            "q/k/v are built with bias=False: a Qwen2-style layer cannot be expressed",
+            "aux ids are taken BEFORE layer id runs (input of layer id = output of layer id-1); default (2, N//2, N-3)",
+            "d2t holds offsets: target_id = draft_id + d2t[draft_id]; t2d is skipped",
+            "midlayer.* is renamed to layers.0.*",
+        ),
+    ),
+)
+
+
+# ---- Medusa -----------------------------------------------------------------------------------
+
+def medusa_to_vllm(state: dict, num_heads: int, num_layers: int) -> dict:
+    """blocks.{h}.layers.{l}.* (+ lm_heads.{h}.weight when the heads own their lm heads)."""
+    out = {}
+    for h in range(num_heads):
+        for l in range(num_layers):
+            for part in ("weight", "bias"):
+                out[f"blocks.{h}.layers.{l}.{part}"] = state[f"heads.{h}.{l}.linear.{part}"]
+        if f"lm_heads.{h}.weight" in state:
+            out[f"lm_heads.{h}.weight"] = state[f"lm_heads.{h}.weight"]
+    return out
+
+
+def medusa_from_vllm(tensors: dict, num_heads: int, num_layers: int) -> dict:
+    """The inverse of medusa_to_vllm (a medusa_heads. prefix is dropped)."""
+    state = {}
+    for name, tensor in tensors.items():
+        name = name.removeprefix("medusa_heads.")
+        if m := re.fullmatch(r"blocks\.(\d+)\.layers\.(\d+)\.(weight|bias)", name):
+            state[f"heads.{m[1]}.{m[2]}.linear.{m[3]}"] = tensor
+        elif re.fullmatch(r"lm_heads\.\d+\.weight", name):
+            state[name] = tensor
+    return state
+
+
+def write_medusa(s: SavedDrafter):
+    """MedusaModel: the blocks, and the lm heads (one copy of the target's when shared; token_map for a draft vocabulary)."""
+    h = s.head
+    tensors = medusa_to_vllm(s.state, h["num_heads"], h["num_layers"])
+    shared = h["lm_head"] == "shared"
+    if shared:  # vLLM does not share the target's lm_head: one copy, used by every head
+        tensors["lm_heads.0.weight"] = s.target_lm_head().to(s.dtype)
+    target = s.config["target"]
+    truncated = target["vocab_size"]
+    if not shared and h.get("draft_vocab_size"):  # own heads of the draft vocabulary's rows: vLLM's token_map
+        tensors["token_map"] = draft_vocab.ids(s.state["d2t"])
+        truncated = h["draft_vocab_size"]
+    config = {"architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": target["hidden_size"],
+              "vocab_size": target["vocab_size"], "truncated_vocab_size": truncated, "num_heads": h["num_heads"],
+              "num_hidden_layers": h["num_layers"], "medusa_fc_bias": True, "original_lm_head": shared,
+              "torch_dtype": str(s.dtype).removeprefix("torch.")}
+    return tensors, config, "model.safetensors"
+
+
+def read_medusa(config: dict, tensors: dict, target) -> tuple[dict, dict]:
+    """(head structure, native state) of a vLLM Medusa folder; an lm head equal to the target's is shared again."""
+    num_heads, num_layers = int(config["num_heads"]), int(config.get("num_hidden_layers", 1))
+    state = medusa_from_vllm(tensors, num_heads, num_layers)
+    head = {"type": "medusa", "num_heads": num_heads, "num_layers": num_layers, "lm_head": "own"}
+    vocab = target_dims(target.config).vocab_size
+    draft_ids = token_map(config, tensors, vocab)
+    if draft_ids is not None:  # vLLM drafts among token_map's tokens: a draft vocabulary
+        head["draft_vocab_size"] = len(draft_ids)
+        state["d2t"] = draft_ids - torch.arange(len(draft_ids))
+        state["t2d"] = draft_vocab.members(state["d2t"], vocab)
+    if config.get("original_lm_head"):
+        shared = state.pop("lm_heads.0.weight")
+        if torch.equal(shared.to(torch.float32), target.get_output_embeddings().weight.detach().cpu().to(torch.float32)):
+            return {**head, "lm_head": "shared"}, state
+        state.update({f"lm_heads.{h}.weight": shared for h in range(num_heads)})  # a trained shared head: keep it, per head
+    if not any(k.startswith("lm_heads.") for k in state):
+        raise DraftheadsError("this vLLM Medusa folder has no lm_heads.* tensors; it cannot be loaded")
+    if draft_ids is not None:  # vLLM also takes full-vocabulary heads and keeps token_map's rows
+        state.update({k: w[draft_ids] for k, w in state.items() if k.startswith("lm_heads.") and w.shape[0] == vocab})
+    state["lm_heads_initialised"] = torch.tensor(True)
+    return head, state
+
+
+def token_map(config: dict, tensors: dict, vocab: int) -> torch.Tensor | None:
+    """The target ids of a vLLM Medusa draft vocabulary (token_map, used when truncated_vocab_size < vocab_size)."""
+    truncated = int(config.get("truncated_vocab_size") or vocab)
+    if truncated >= vocab:
+        return None
+    if "token_map" not in tensors:
+        raise DraftheadsError(f"this vLLM Medusa folder sets truncated_vocab_size {truncated} < {vocab} but has no token_map tensor")
+    ids = tensors["token_map"].long().flatten()
+    if len(ids) != truncated or len(ids.unique()) != truncated or ids.min() < 0 or ids.max() >= vocab:
+        raise DraftheadsError(f"this vLLM Medusa folder's token_map must hold {truncated} distinct token ids below {vocab}")
+    return ids
+
+
+# ---- EAGLE-1 and EAGLE-3 ----------------------------------------------------------------------
+
+def write_eagle(s: SavedDrafter):
+    """EagleLlamaForCausalLM: fc without its bias, which is folded into the attention biases (exact)."""
+    tensors = eagle_to_engine(s.state, fold_fc_bias="fc.bias" in s.state)
+    qkv, o = layer_biases(tensors, "layers.0.")
+    config = engine_layer_config(s.target_config(), "llama", ["EagleLlamaForCausalLM"], s.dtype, attention_bias=o, qkv_bias=qkv)
+    return tensors, config, "model.safetensors"
+
+
+def write_eagle3(s: SavedDrafter):
+    """LlamaForCausalLMEagle3 with midlayer.* names and vLLM's aux-layer numbering."""
+    # vLLM captures layer i's INPUT as aux id i: our layer l's output is id l + 1
+    extra = eagle3_fields(s, [layer + 1 for layer in s.head["feature_layers"]])
+    config = engine_layer_config(s.layer_config(), "llama", ["LlamaForCausalLMEagle3"], s.dtype, **extra, tie_word_embeddings=False)
+    return eagle3_to_engine(s.state, "midlayer."), config, "model.safetensors"
+
+
+def refusal(saved: SavedDrafter) -> str | None:
+    """vLLM loads every layout listed here for the families each lists."""
+    return None
+
+
+WRITERS = {"medusa": write_medusa, "eagle": write_eagle, "eagle3": write_eagle3}

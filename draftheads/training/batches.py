@@ -1,0 +1,154 @@
+"""Training rows and batches: the eval split, length-bucketed batch order, collation.
+
+Rows come from the target-generated dataset (`draftheads data`): input_ids, loss_mask, prompt_id.
+Every batch holds whole rows padded on the right, so rows never attend to each other.
+Batch order is a pure function of (seed, epoch), which makes the data position resumable
+as (epoch, batches consumed) without replaying anything.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from datasets import load_from_disk
+
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.run_folder import DATA_MARKER
+
+COLUMNS = ("input_ids", "loss_mask")
+
+
+def load_rows(data_dir: str | Path):
+    """The dataset saved by `draftheads data` (a `datasets` folder), checked for the columns we need."""
+    path = Path(data_dir)
+    if not path.exists():
+        raise DraftheadsError(f"training data '{path}' not found; run `draftheads data RECIPE` first or set data.output")
+    meta = path / DATA_MARKER
+    if meta.is_file() and not json.loads(meta.read_text() or "{}").get("complete"):
+        raise DraftheadsError(f"'{path}' is unfinished: its `draftheads data` run stopped before the end; rerun "
+                              "`draftheads data RECIPE` to finish it")
+    try:
+        rows = load_from_disk(str(path))
+    except Exception as e:  # noqa: BLE001 - datasets and pyarrow raise many types for a damaged folder
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise DraftheadsError(f"'{path}' cannot be read as a dataset saved by `draftheads data` ({first}); regenerate it "
+                              "with `draftheads data RECIPE --overwrite`") from None
+    if hasattr(rows, "keys") and not hasattr(rows, "column_names"):  # a DatasetDict
+        if "train" not in rows:
+            raise DraftheadsError(f"dataset '{path}' has splits {list(rows)} but no 'train' split")
+        rows = rows["train"]
+    missing = [c for c in COLUMNS if c not in rows.column_names]
+    if missing:
+        raise DraftheadsError(f"dataset '{path}' lacks column(s) {', '.join(missing)}; regenerate it with `draftheads data`")
+    if len(rows) == 0:
+        raise DraftheadsError(f"dataset '{path}' is empty; regenerate it with more data.num_prompts")
+    rows = rows.with_format("numpy", columns=list(COLUMNS))
+    if not any(mask.any() for start in range(0, len(rows), 1024) for mask in rows[start : start + 1024]["loss_mask"]):
+        raise DraftheadsError(f"dataset '{path}' has no generated tokens to train on (every loss_mask is 0); regenerate it "
+                              "with `draftheads data`, whose rows mark the target's answers")
+    return rows
+
+
+def row_lengths(rows, max_length: int) -> np.ndarray:
+    """Token count of every row after truncation to max_length, [n]."""
+    lengths = np.fromiter((len(ids) for ids in rows.with_format(None)["input_ids"]), dtype=np.int64, count=len(rows))
+    return np.minimum(lengths, max_length)
+
+
+def split_rows(n: int, eval_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train indices, eval indices): a seeded random hold-out of round(n * eval_fraction) rows, at least 1 if asked for."""
+    order = np.random.default_rng(seed).permutation(n)
+    n_eval = int(round(n * eval_fraction))
+    if eval_fraction > 0:
+        n_eval = min(max(n_eval, 1), n - 1)
+    if n - n_eval < 1:
+        raise DraftheadsError(f"the dataset has {n} row(s): too few to train on; generate more data")
+    return np.sort(order[n_eval:]), np.sort(order[:n_eval])
+
+
+def epoch_batches(indices: np.ndarray, lengths: np.ndarray, batch_size: int, seed: int, epoch: int,
+                  bucket: bool = True) -> list[list[int]]:
+    """Batches of row indices for one epoch, in a (seed, epoch)-determined order.
+
+    With bucketing, rows are shuffled, cut into pools of 64 batches, sorted by length inside each
+    pool (so padding stays small) and the batches are shuffled again (so lengths do not trend).
+    The last incomplete batch is dropped so every step sees batch_size rows.
+    """
+    rng = np.random.default_rng([seed, epoch])
+    order = indices[rng.permutation(len(indices))]
+    if bucket:
+        pool = batch_size * 64
+        order = np.concatenate([
+            chunk[np.argsort(-lengths[chunk], kind="stable")] for chunk in np.array_split(order, max(1, -(-len(order) // pool)))
+        ])
+    n = len(order) // batch_size
+    batches = [order[i * batch_size:(i + 1) * batch_size].tolist() for i in range(n)]
+    return [batches[i] for i in rng.permutation(n)] if bucket else batches
+
+
+def shard(batches: list, rank: int, world: int) -> list:
+    """This process's share: every world-th batch, trimmed so all processes get the same count."""
+    n = len(batches) // world
+    return batches[rank::world][:n]
+
+
+def eval_batches(indices: np.ndarray, lengths: np.ndarray, batch_size: int) -> list[list[int]]:
+    """All eval rows (none dropped), longest first, in fixed batches."""
+    order = indices[np.argsort(-lengths[indices], kind="stable")]
+    return [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+
+
+class RowSet(torch.utils.data.Dataset):
+    """Row i of the dataset as tensors, truncated to max_length; with a feature cache, its features too."""
+
+    def __init__(self, rows, max_length: int, features=None):
+        self.rows, self.max_length, self.features = rows, max_length, features
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict:
+        row = self.rows[int(i)]
+        item = {
+            "input_ids": torch.as_tensor(np.asarray(row["input_ids"])[: self.max_length], dtype=torch.long),
+            "loss_mask": torch.as_tensor(np.asarray(row["loss_mask"])[: self.max_length], dtype=torch.long),
+        }
+        if self.features is not None:
+            item["features"] = self.features.row(int(i))
+        return item
+
+
+def collate(items: list[dict]) -> dict:
+    """Right-pad a list of rows into a batch: input_ids/attention_mask/loss_mask [b, s] (features [b, s, F])."""
+    s = max(len(it["input_ids"]) for it in items)
+    b = len(items)
+    out = {
+        "input_ids": torch.zeros(b, s, dtype=torch.long),
+        "attention_mask": torch.zeros(b, s, dtype=torch.long),
+        "loss_mask": torch.zeros(b, s, dtype=torch.long),
+    }
+    if "features" in items[0]:
+        f = items[0]["features"]
+        out["features"] = torch.zeros(b, s, f.shape[-1], dtype=f.dtype)
+    for j, it in enumerate(items):
+        n = len(it["input_ids"])
+        out["input_ids"][j, :n] = it["input_ids"]
+        out["attention_mask"][j, :n] = 1
+        out["loss_mask"][j, :n] = it["loss_mask"]
+        if "features" in it:
+            out["features"][j, :n] = it["features"]
+    return out
+
+
+def loss_token_counts(rows, indices: np.ndarray, max_length: int, vocab_size: int) -> torch.Tensor:
+    """How often each token appears at a loss-masked position of the given rows, [V] long."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for i in indices:
+        row = rows[int(i)]
+        ids = np.asarray(row["input_ids"])[:max_length]
+        mask = np.asarray(row["loss_mask"])[:max_length].astype(bool)
+        counts += np.bincount(ids[mask], minlength=vocab_size)[:vocab_size]
+    return torch.from_numpy(counts)

@@ -1,1 +1,0 @@
-"""Target loading, target-generated data, the Accelerate training loop, losses, checkpoints."""
