@@ -16,13 +16,9 @@ import time
 
 import torch
 
-from draftheads.data.batch_generate import (
-    generate_batch,
-    left_pad,
-    length_sorted_batches,
-)
+from draftheads.data.batch_generate import generate_batch, left_pad, length_sorted_batches
 from draftheads.data.chat import render_ids, stop_token_ids
-from draftheads.data.prompts import humaneval_prompts
+from draftheads.data.prompt_tables import humaneval_prompts
 from draftheads.data.target import load_target
 
 

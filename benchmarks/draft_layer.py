@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the test fixtures build the target
 
 from draftheads.data.datagen import run_data  # noqa: E402
+from draftheads.evaluation.eval_config import EvalConfig  # noqa: E402
 from draftheads.evaluation.evaluate import run_eval  # noqa: E402
 from draftheads.recipe import recipe_from_dict  # noqa: E402
 from draftheads.training.loop import run_training  # noqa: E402
@@ -52,15 +53,15 @@ def main() -> None:
     for layer in ("llama", "target"):
         recipe = recipe_from_dict({
             "name": f"layer-{layer}", "target": {"device": "cpu"}, "data": data,
-            "head": {"type": "eagle", "eagle3": True, "draft_layer": layer, "draft_vocab_size": 256, "ttt_steps": 3},
+            "head": {"type": "eagle3", "draft_layer": layer, "draft_vocab_size": 256, "ttt_steps": 3},
             "train": {"output_dir": str(work / layer), "max_steps": args.steps, "batch_size": 16, "max_length": 96,
                       "lr": 3e-3, "warmup_steps": 20, "eval_every": args.steps, "save_every": args.steps,
                       "dtype": "fp32", "seed": 0},
             "log": {"trackers": []},
         })
         runs[layer] = str(run_training(recipe, target=target))
-    report = run_eval(list(runs.values()), target_model=(target, tokenizer), prompts=str(work / "eval.jsonl"), limit=40,
-                      tree="chain:4", max_new_tokens=48, out=str(work / "eval"), progress=False)
+    config = EvalConfig(prompts=str(work / "eval.jsonl"), limit=40, tree="chain:4", max_new_tokens=48)
+    report = run_eval(list(runs.values()), config, out=str(work / "eval"), target_model=(target, tokenizer), progress=False)
     rows = {r["drafter"]: r for r in json.loads((report / "report.json").read_text())["results"]}
     taus = {layer: rows[layer]["tau"] for layer in runs}   # each run is named by its folder: work/llama, work/target
     print(f"{args.family} target, {args.steps} steps, chain:4, 40 held-out prompts, greedy:")

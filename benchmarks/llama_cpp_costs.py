@@ -120,7 +120,7 @@ def verify_costs(server, prefix: list[int], ks: list[int]) -> dict[int, float]:
 def main() -> None:
     from transformers import AutoTokenizer
 
-    from draftheads.data.prompts import humaneval_prompts
+    from draftheads.data.prompt_tables import humaneval_prompts
     from draftheads.interop.llama_cpp_build import install_llama_cpp
     from draftheads.interop.llama_server import LlamaServer
 

@@ -24,7 +24,8 @@ def main() -> None:
     import draftheads
     from draftheads.data.batch_generate import LocalBackend
     from draftheads.data.datagen import DataConfig
-    from draftheads.data.prompts import PromptSource, kinds_prompts
+    from draftheads.data.prompt_source import PromptSource
+    from draftheads.data.self_prompts import kinds_prompts
     from draftheads.data.task_kinds import Writers
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -1,4 +1,4 @@
-"""`draftheads` command line: data, train, eval, profile, export, engine, demo, recipe.
+"""`draftheads` command line: data, train, eval, profile, export, engine (install, eval), demo, recipe.
 
 Every user error is a `DraftheadsError`, printed as one line (`error: ...`) with exit status 2.
 Each command imports the package that does its work when it runs, not before: those pull in torch
@@ -8,8 +8,11 @@ and transformers (seconds), which parsing arguments and `--help` never need.
 from __future__ import annotations
 
 import argparse
-import math
+import dataclasses
 import sys
+import typing
+
+import yaml
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.version import __version__
@@ -21,8 +24,16 @@ def main(argv: list[str] | None = None) -> int:
     # overrides may follow options (`data RECIPE --dry-run train.lr=1`): argparse leaves those unparsed
     if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
         args.overrides = [*args.overrides, *extra]
+    elif extra and "--engine" in extra and getattr(args, "handler", None) is cmd_eval:
+        print("error: --engine is not a flag of draftheads eval; measure drafters inside a serving engine with "
+              "draftheads engine eval llama.cpp DRAFTER [--draft-tokens 2,3,4]", file=sys.stderr)
+        return 2
     elif extra:   # the sub-command's own usage, not the top-level one
-        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        command = getattr(args, "parser", parser)
+        command.print_usage(sys.stderr)
+        print(f"error: unrecognized arguments: {' '.join(extra)}; `{command.prog} --help` lists the flags it takes",
+              file=sys.stderr)
+        return 2
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
@@ -52,39 +63,30 @@ def build_parser() -> argparse.ArgumentParser:
     _recipe_args(p)
     p.set_defaults(handler=cmd_train, parser=p)
 
-    p = sub.add_parser("eval", help="measure acceptance and speedup of drafters")
-    p.add_argument("drafters", nargs="*", help="drafter or run folders")
+    p = sub.add_parser("eval", help="measure acceptance and speedup of drafters in our generation loop")
+    p.add_argument("drafters", nargs="*", help="drafter or run folders; FOLDER+lookup[-switch|-gate] for a combination "
+                                               "with prompt lookup, which is always measured")
     p.add_argument("--target", default=None, help="target spec (default: the drafter's target)")
     # unset flags take the eval: section of the recipe that trained the first drafter, else its defaults
-    p.add_argument("--prompts", default=None, help="humaneval, tasks (8 task kinds x 10, multi-turn and passages), long (22 passage prompts of 4 kinds, 120-1,830 tokens), a local file, or a hub dataset (default: humaneval)")
-    p.add_argument("--limit", type=int, default=None, help="at most this many prompts (default: 20)")
+    _prompt_args(p)
     p.add_argument("--accept", default=None, help="comma-separated: greedy,strict,typical (default: greedy)")
-    p.add_argument("--temperature", default=None, help="comma-separated temperatures (default: 0)")
-    p.add_argument("--tree", default=None, help="chain:K | static:PATHS | dynamic:TOPK,DEPTH,TOTAL | auto[:NODES] (fastest on this machine) | auto:tau[:NODES] (most tokens per forward)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens generated per prompt (default: 128)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
-    p.add_argument("--out", default=None, help="report folder (default: a timestamped folder)")
+    p.add_argument("--temperature", dest="temperatures", default=None, help="comma-separated temperatures (default: 0)")
+    p.add_argument("--tree", default=None, help="chain:K | static:PATHS | dynamic:TOPK,DEPTH,TOTAL | auto[:NODES] "
+                                                "(fastest on this machine) | auto:tau[:NODES] (most tokens per forward)")
     p.add_argument("--combined", nargs="?", const="graft", default=None, choices=["graft", "switch", "gate", "all"],
                    help="also measure each learned drafter combined with prompt lookup: graft (the default: the lookup "
                         "chain grafted onto the learned tree), switch (the lookup chain alone while the text is being "
                         "copied, the grafted tree otherwise), gate (the learned tree drafted only while the tokens it "
                         "adds pay for its cost on this machine), all (the three)")
-    p.add_argument("--batch-size", default=None,
+    p.add_argument("--batch-size", dest="batch_sizes", default=None,
                    help="comma-separated batch sizes, e.g. 1,2,4,8,16: the speedup-vs-batch curve (default: 1)")
-    p.add_argument("--plain-above", type=int, default=None, help="decode plainly while more than this many rows are generating")
-    p.add_argument("--refresh-profile", action="store_true",
+    p.add_argument("--plain-above", default=None, help="decode plainly while more than this many rows are generating")
+    p.add_argument("--refresh-profile", action="store_const", const=True, default=None,
                    help="time the target on this machine again instead of reading the cached cost profile")
     p.add_argument("--tau-from", default=None, metavar="REPORT",
                    help="predict from the tau an earlier eval measured (its folder or report.json) where it ran the same "
                         "drafter, tree and rule, instead of from the calibration prompts")
-    p.add_argument("--engine", default=None, choices=["llama.cpp"],
-                   help="measure EAGLE-3 drafters inside llama.cpp (built once from PyPI's source), beside llama.cpp's "
-                        "plain decoding and n-gram modes, greedy; --target then takes the target's GGUF")
-    p.add_argument("--draft-tokens", default=None, help="--engine: comma-separated draft lengths (default: 2,3,4,5)")
-    p.add_argument("--draft-p-min", default=None,
-                   help="--engine: comma-separated confidence floors: llama.cpp stops a draft at a token the drafter gives "
-                        "less than this probability (default: 0, always the full length)")
-    p.add_argument("--no-ngram", action="store_true", help="--engine: skip llama.cpp's n-gram modes")
+    p.add_argument("--out", default=None, help="report folder (default: a timestamped folder)")
     p.set_defaults(handler=cmd_eval, parser=p)
 
     p = sub.add_parser("profile", help="time the target's verify forwards and the drafters' costs on this machine")
@@ -107,11 +109,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draft length written where the engine's config takes one (default: the length it was trained for)")
     p.set_defaults(handler=cmd_export, parser=p)
 
-    p = sub.add_parser("engine", help="build a serving engine that runs on this machine (llama.cpp)")
+    p = sub.add_parser("engine", help="build a serving engine that runs on this machine (llama.cpp), and measure drafters in it")
     esub = p.add_subparsers(title="actions", metavar="ACTION")
     install = esub.add_parser("install", help="build llama.cpp from the llama-cpp-python source on PyPI, once (cached)")
     install.add_argument("engine", choices=["llama.cpp"], help="the engine to build")
     install.set_defaults(handler=cmd_engine_install, parser=install)
+    engine_eval = esub.add_parser("eval", help="measure EAGLE-3 drafters inside the engine, beside its plain and n-gram "
+                                               "decoding (greedy), and our own loop's tau on the same prompts")
+    engine_eval.add_argument("engine", choices=["llama.cpp"], help="the engine (built once from PyPI's source)")
+    engine_eval.add_argument("drafters", nargs="+", help="EAGLE-3 drafter or run folders")
+    engine_eval.add_argument("--target", default=None, help="the target's GGUF (default: the drafter's target)")
+    _prompt_args(engine_eval)
+    engine_eval.add_argument("--draft-tokens", default=None, help="comma-separated draft lengths (default: 2,3,4,5)")
+    engine_eval.add_argument("--draft-p-min", dest="p_mins", default=None,
+                             help="comma-separated confidence floors: llama.cpp stops a draft at a token the drafter "
+                                  "gives less than this probability (default: 0, always the full length)")
+    engine_eval.add_argument("--no-ngram", dest="ngram", action="store_const", const=False, default=None,
+                             help="skip llama.cpp's n-gram modes")
+    engine_eval.add_argument("--out", default=None, help="report folder (default: a timestamped folder)")
+    engine_eval.set_defaults(handler=cmd_engine_eval, parser=engine_eval)
 
     p = sub.add_parser("demo", help="data, training and evaluation end to end on the embedded target")
     p.add_argument("--out", default="runs/demo", help="where the demo leaves its artefacts")
@@ -133,6 +149,16 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("recipe", nargs="?", help="bundled recipe name or YAML path")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-4 head.num_heads=3")
     p.add_argument("--config", default=None, metavar="FILE", help="the recipe, as a flag (instead of RECIPE)")
+
+
+def _prompt_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompts", default=None, help="humaneval, tasks (8 task kinds x 10, multi-turn and passages), long "
+                                                   "(22 passage prompts of 4 kinds, 120-1,830 tokens), a local file, or a "
+                                                   "hub dataset (default: humaneval)")
+    p.add_argument("--limit", default=None, help="at most this many prompts (default: 20)")
+    p.add_argument("--max-new-tokens", default=None, help="tokens generated per prompt (default: 128)")
+    p.add_argument("--dtype", default=None, choices=["auto", "bf16", "fp16", "fp32"],
+                   help="the target's dtype in our loop (default: auto, bf16 where the hardware has native bf16)")
 
 
 def _recipe_name(args) -> str:
@@ -187,46 +213,53 @@ def cmd_train(args) -> int:
     return 0
 
 
-ENGINE_REFUSED = ("accept", "temperature", "tree", "batch_size", "plain_above", "tau_from")
-
-
 def cmd_eval(args) -> int:
-    from draftheads.evaluation.evaluate import run_eval, saved_eval_settings
+    from draftheads.evaluation.eval_config import EvalConfig
+    from draftheads.evaluation.evaluate import run_eval
+    from draftheads.evaluation.saved_runs import saved_eval_settings
 
-    recipe = saved_eval_settings(args.drafters)
-    if args.engine is not None:
-        return cmd_engine_eval(args, recipe)
-    if args.draft_tokens is not None or args.draft_p_min is not None or args.no_ngram:
-        raise DraftheadsError("--draft-tokens, --draft-p-min and --no-ngram apply with --engine llama.cpp only; our loop "
-                              "takes --tree chain:K")
-    accept = _split(args.accept) if args.accept is not None else recipe.accept
-    temperatures = [_number(t, "--temperature") for t in _split(args.temperature)] if args.temperature is not None else recipe.temperatures
-    batch_sizes = [_whole(b, "--batch-size") for b in _split(args.batch_size)] if args.batch_size is not None else recipe.batch_sizes
-    run_eval(
-        args.drafters, target=args.target, prompts=_given(args.prompts, recipe.prompts), limit=_given(args.limit, recipe.limit),
-        accept=accept, temperatures=temperatures, tree=_given(args.tree, recipe.tree),
-        max_new_tokens=_given(args.max_new_tokens, recipe.max_new_tokens), dtype=args.dtype, out=args.out,
-        combined=args.combined or False, seed=recipe.seed, typical_epsilon=recipe.typical_epsilon, typical_delta=recipe.typical_delta,
-        batch_sizes=batch_sizes, plain_above=_given(args.plain_above, recipe.plain_above),
-        refresh_profile=args.refresh_profile, tau_from=args.tau_from,
-    )
+    config = _with_flags(saved_eval_settings(args.drafters), EvalConfig, args)
+    run_eval(args.drafters, config, target=args.target, out=args.out)
     return 0
 
 
-def cmd_engine_eval(args, recipe) -> int:
+def cmd_engine_eval(args) -> int:
     from draftheads.evaluation.engine_eval import run_engine_eval
+    from draftheads.evaluation.eval_config import EngineEvalConfig
+    from draftheads.evaluation.saved_runs import saved_eval_settings
 
-    given = [f"--{name.replace('_', '-')}" for name in ENGINE_REFUSED if getattr(args, name) is not None]
-    given += [flag for flag, on in (("--combined", args.combined), ("--refresh-profile", args.refresh_profile)) if on]
-    if given:
-        raise DraftheadsError(f"{', '.join(given)} do not apply with --engine llama.cpp, which measures greedy decoding one "
-                              "conversation at a time (drafting a chain of --draft-tokens); drop them")
-    draft_tokens = [_whole(n, "--draft-tokens") for n in _split(args.draft_tokens)] if args.draft_tokens else [2, 3, 4, 5]
-    p_mins = [_number(p, "--draft-p-min") for p in _split(args.draft_p_min)] if args.draft_p_min else [0.0]
-    run_engine_eval(args.drafters, engine=args.engine, target=args.target, prompts=_given(args.prompts, recipe.prompts),
-                    limit=_given(args.limit, recipe.limit), max_new_tokens=_given(args.max_new_tokens, recipe.max_new_tokens),
-                    draft_tokens=draft_tokens, p_mins=p_mins, ngram=not args.no_ngram, dtype=args.dtype, out=args.out)
+    saved = saved_eval_settings(args.drafters)   # its prompts, as our own loop would take them
+    base = EngineEvalConfig(prompts=saved.prompts, limit=saved.limit, max_new_tokens=saved.max_new_tokens)
+    run_engine_eval(args.drafters, _with_flags(base, EngineEvalConfig, args), engine=args.engine, target=args.target,
+                    out=args.out)
     return 0
+
+
+def _with_flags(base, config_class, args):
+    """`base` with the settings given as flags: each flag's text typed as the setting is (comma-separated for lists),
+    then checked by the config class, the one place its values are checked."""
+    from draftheads.core.config import convert
+    from draftheads.evaluation.eval_config import cli_flags
+
+    hints = typing.get_type_hints(config_class)
+    given = {}
+    for name, flag in cli_flags(config_class).items():
+        value = getattr(args, name, None)
+        if value is not None:
+            given[name] = convert(_typed(value, hints[name]), hints[name], flag)
+    return dataclasses.replace(base, **given)
+
+
+def _typed(value, hint):
+    """A flag's text as YAML reads it (a list from comma-separated items); text stays text where the setting takes it."""
+    if not isinstance(value, str):
+        return value
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is list:
+        return [item if args[0] is str else yaml.safe_load(item) for item in _split(value)]
+    takes_text = hint is str or str in args or typing.get_origin(hint) is typing.Literal or any(
+        typing.get_origin(a) is typing.Literal for a in args)
+    return value if takes_text else yaml.safe_load(value)
 
 
 def cmd_profile(args) -> int:
@@ -234,10 +267,6 @@ def cmd_profile(args) -> int:
 
     run_profile(args.target, args.drafters, dtype=args.dtype, refresh=args.refresh, out=args.out)
     return 0
-
-
-def _given(flag, default):
-    return default if flag is None else flag
 
 
 def cmd_export(args) -> int:
@@ -268,22 +297,6 @@ def cmd_demo(args) -> int:
 
 def _split(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def _number(text: str, flag: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not math.isfinite(value):
-        raise DraftheadsError(f"{flag}: '{text}' is not a finite number; give comma-separated values like 0,0.7,1.0")
-    return value
-
-
-def _whole(text: str, flag: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise DraftheadsError(f"{flag}: '{text}' is not a whole number >= 1; give comma-separated values like 1,2,4,8,16")
-    return int(text)
 
 
 if __name__ == "__main__":

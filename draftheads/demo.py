@@ -15,6 +15,7 @@ Leaves, under `out`:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -63,10 +64,8 @@ def run_demo(out: str = "runs/demo", *, heads=("eagle",), target_model=None, com
         _reset_accelerate()
     e = recipe.eval
     clock.start("eval", f"evaluating on {e.prompts} ({e.limit} prompts) beside the prompt-lookup baseline -> {out / 'eval'}")
-    report = run_eval([str(r) for r in runs], target_model=target, prompts=e.prompts, limit=e.limit, accept=e.accept,
-                      temperatures=e.temperatures, tree=e.tree, max_new_tokens=e.max_new_tokens, out=str(out / "eval"),
-                      combined=combined, seed=e.seed, typical_epsilon=e.typical_epsilon, typical_delta=e.typical_delta,
-                      batch_sizes=e.batch_sizes, plain_above=e.plain_above, progress=progress)
+    config = dataclasses.replace(e, combined=e.combined or "graft") if combined else e
+    report = run_eval([str(r) for r in runs], config, out=str(out / "eval"), target_model=target, progress=progress)
     clock.finish(recipe, runs, report)
     return out
 

@@ -4,7 +4,7 @@
     recipe.resolve(target.config)                               # derive sizes from the target
 
 Each section's dataclass lives beside the code that reads it: the head's in heads/ (one per head
-type), target/data/train/log in training/, eval in inference/. A recipe is assembled here.
+type), target and data in data/, train and log in training/, eval in evaluation/. A recipe is assembled here.
 """
 
 from __future__ import annotations

@@ -124,6 +124,8 @@ def bad_yaml(w, c):
 
 TRAIN = ["train", "{w}/recipe.yaml", "train.output_dir={c}/run"]
 EVAL = ["eval", "{w}/runs/medusa", "--prompts", "{w}/prompts.jsonl", "--limit", "1", "--max-new-tokens", "4"]
+ENGINE_EVAL = ["engine", "eval", "llama.cpp", "{w}/runs/medusa", "--prompts", "{w}/prompts.jsonl", "--limit", "1",
+               "--max-new-tokens", "4"]
 EXPORT = ["export", "{w}/runs/medusa", "--target", "{w}/target"]
 DATA = ["data", "{w}/recipe.yaml", "data.output={c}/data", "data.num_prompts=2"]
 
@@ -143,14 +145,15 @@ CASES = [
     Case("cuda-without-gpu", [*TRAIN, "target.device=cuda"], "no CUDA GPU"),
     Case("demo-unknown-head", ["demo", "--heads", "foo", "--out", "{c}/demo"], "choose from eagle, medusa, mtp"),
     # eval
-    Case("eval-nan-temperature", [*EVAL, "--accept", "strict", "--temperature", "nan"], "--temperature"),
+    Case("eval-nan-temperature", [*EVAL, "--accept", "strict", "--temperature", "nan"], "temperature nan is not a finite"),
     Case("eval-unknown-rule", [*EVAL, "--accept", "greedyy"], "unknown acceptance rule 'greedyy'"),
     Case("eval-oversized-chain", [*EVAL, "--tree", "chain:100000"], "too large"),
     Case("eval-oversized-dynamic", [*EVAL, "--tree", "dynamic:500,4,10"], "too large"),
     Case("eval-bad-static-tree", [*EVAL, "--tree", "static:x"], "bad tree 'static:x'"),
-    Case("eval-zero-batch-size", [*EVAL, "--batch-size", "1,0"], "--batch-size: '0' is not a whole number >= 1"),
-    Case("eval-fractional-batch-size", [*EVAL, "--batch-size", "2.5"], "--batch-size: '2.5'"),
-    Case("eval-zero-plain-above", [*EVAL, "--plain-above", "0"], "plain_above must be a whole number >= 1"),
+    Case("eval-zero-batch-size", [*EVAL, "--batch-size", "1,0"], "(--batch-size) must be whole numbers >= 1, got [1, 0]"),
+    Case("eval-fractional-batch-size", [*EVAL, "--batch-size", "2.5"], "--batch-size[0]: expected int, got float 2.5"),
+    Case("eval-zero-plain-above", [*EVAL, "--plain-above", "0"], "(--plain-above) must be a whole number >= 1"),
+    Case("eval-unknown-flag", [*EVAL, "--temprature", "0.7"], "unrecognized arguments: --temprature 0.7"),
     Case("recipe-zero-batch-size", ["recipe", "show", "{w}/recipe.yaml", "eval.batch_sizes=[0]", "--no-target"], "eval.batch_sizes"),
     Case("eval-missing-drafter", ["eval", "{c}/nope", "--prompts", "{w}/prompts.jsonl"], "does not exist"),
     Case("eval-out-dot", [*EVAL, "--out", "."], "--out . is not empty", a_file),
@@ -164,10 +167,11 @@ CASES = [
     Case("eval-drafter-of-another-target", ["eval", "{w}/runs/medusa", "--target", "{w}/other", "--prompts", "{w}/prompts.jsonl"],
          "was trained for a target"),
     Case("eval-not-a-causal-lm", ["eval", "lookup", "--target", "{w}/bert", "--prompts", "{w}/prompts.jsonl"], "not a causal language model"),
-    Case("eval-engine-with-rules", [*EVAL, "--engine", "llama.cpp", "--accept", "strict"], "--accept do not apply with --engine llama.cpp"),
-    Case("eval-engine-zero-draft", [*EVAL, "--engine", "llama.cpp", "--draft-tokens", "0"], "--draft-tokens: '0' is not a whole number"),
-    Case("eval-draft-tokens-without-engine", [*EVAL, "--draft-tokens", "3"], "apply with --engine llama.cpp only"),
-    Case("eval-engine-medusa", [*EVAL, "--engine", "llama.cpp"], "llama.cpp has no loader for Medusa drafters"),
+    Case("eval-engine-flag", [*EVAL, "--engine", "llama.cpp"], "draftheads engine eval llama.cpp"),
+    Case("engine-eval-with-rules", [*ENGINE_EVAL, "--accept", "strict"], "unrecognized arguments: --accept strict"),
+    Case("engine-eval-zero-draft", [*ENGINE_EVAL, "--draft-tokens", "0"], "--draft-tokens must be whole numbers >= 1"),
+    Case("eval-draft-tokens", [*EVAL, "--draft-tokens", "3"], "unrecognized arguments: --draft-tokens 3"),
+    Case("engine-eval-medusa", ENGINE_EVAL, "llama.cpp has no loader for Medusa drafters"),
     # export
     Case("export-unknown-format", [*EXPORT, "--format", "vlm", "--out", "{c}/out"], "unknown export format 'vlm'"),
     Case("export-into-the-run", [*EXPORT, "--format", "vllm", "--out", "{w}/runs/medusa", "--overwrite"], "lies inside the drafter"),

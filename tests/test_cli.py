@@ -1,5 +1,6 @@
 """The command line: one-line errors with no traceback, non-zero exits, `recipe show`."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -89,7 +90,7 @@ def test_eval_takes_unset_flags_from_the_runs_recipe(tmp_path, monkeypatch):
         "  batch_sizes: [1, 8]\n  plain_above: 6\n"
     )
     seen = []
-    monkeypatch.setattr(evaluate, "run_eval", lambda drafters, **kw: seen.append(kw))
+    monkeypatch.setattr(evaluate, "run_eval", lambda drafters, config, **kw: seen.append(dataclasses.asdict(config)))
 
     assert main(["eval", str(run)]) == 0
     assert main(["eval", str(run) + "+lookup", "--limit", "7", "--accept", "greedy,typical", "--temperature", "0"]) == 0
@@ -103,6 +104,26 @@ def test_eval_takes_unset_flags_from_the_runs_recipe(tmp_path, monkeypatch):
     assert (from_recipe["max_new_tokens"], from_recipe["seed"], from_recipe["prompts"]) == (16, 5, "humaneval")
     assert (overridden["limit"], overridden["accept"], overridden["temperatures"], overridden["tree"]) == (7, ["greedy", "typical"], [0.0], "chain:2")
     assert (defaults["limit"], defaults["accept"], defaults["max_new_tokens"], defaults["tree"]) == (20, ["greedy"], 128, None)
+
+
+def test_engine_eval_is_its_own_command_with_only_its_flags(tmp_path, monkeypatch, capsys):
+    import draftheads.evaluation.engine_eval as engine_eval
+
+    run = tmp_path / "runs" / "x"
+    (run / "final" / "drafter").mkdir(parents=True)
+    (run / "final" / "drafter" / "config.json").write_text("{}")
+    seen = []
+    monkeypatch.setattr(engine_eval, "run_engine_eval", lambda drafters, config, **kw: seen.append((config, kw)))
+    assert main(["engine", "eval", "llama.cpp", str(run), "--draft-tokens", "3,2", "--draft-p-min", "0,0.5", "--no-ngram",
+                 "--limit", "4"]) == 0
+    ((config, kw),) = seen
+    assert (config.draft_tokens, config.p_mins, config.ngram, config.limit, kw["engine"]) == ([3, 2], [0.0, 0.5], False, 4, "llama.cpp")
+    assert main(["engine", "eval", "llama.cpp", str(run), "--draft-tokens", "0"]) == 2
+    assert "--draft-tokens must be whole numbers >= 1" in capsys.readouterr().err
+    assert main(["eval", str(run), "--engine", "llama.cpp"]) == 2
+    assert "draftheads engine eval llama.cpp" in capsys.readouterr().err
+    assert main(["engine", "eval", "llama.cpp", str(run), "--accept", "strict"]) == 2   # our loop's flags are not its own
+    assert "unrecognized arguments: --accept strict; `draftheads engine eval --help`" in capsys.readouterr().err
 
 
 def test_profile_prints_the_verify_cost_table_and_writes_its_files(tiny_target_dir, tmp_path, monkeypatch, capsys):
@@ -129,6 +150,7 @@ def test_config_flag_and_other_tools_names_are_accepted_with_a_note(monkeypatch,
     assert second.train.resume == "never" and second.head.feature_layers == [1, 2, 3]
     err = capsys.readouterr().err
     assert "note: 'learning_rate' is train.lr in draftheads" in err and "note: 'ttt_length' is head.ttt_steps" in err
+    assert "note: head.eagle3: true is read as head.type: eagle3" in err and first.head.type == second.head.type == "eagle3"
 
 
 def test_recipe_given_twice_or_an_alias_beside_its_name_is_refused(capsys):
@@ -141,6 +163,6 @@ def test_recipe_given_twice_or_an_alias_beside_its_name_is_refused(capsys):
 
 
 def test_a_sub_command_error_prints_that_sub_commands_usage(capsys):
-    with pytest.raises(SystemExit):
-        main(["export", "somewhere", "--format", "vllm", "--out", "x", "--bogus"])
-    assert "usage: draftheads export" in capsys.readouterr().err
+    assert main(["export", "somewhere", "--format", "vllm", "--out", "x", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "usage: draftheads export" in err and err.splitlines()[-1].startswith("error: unrecognized arguments: --bogus;")

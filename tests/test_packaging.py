@@ -29,7 +29,7 @@ def test_wheel_installs_the_package_tree(tmp_path):
                    check=True, capture_output=True)
     code = "import draftheads.heads, draftheads.core.tree; from draftheads.recipe import bundled_recipes, load_recipe; " \
            "print(draftheads.__file__); load_recipe('mtp-smollm2'); " \
-           "from draftheads.data.prompts import task_prompts; assert len(task_prompts()) == 80; print(len(bundled_recipes()))"
+           "from draftheads.data.prompt_tables import task_prompts; assert len(task_prompts()) == 80; print(len(bundled_recipes()))"
     env = {**os.environ, "PYTHONPATH": str(site)}
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
     first, count = done.stdout.split()

@@ -11,7 +11,7 @@ from tests.fixtures import make_config
 def test_every_bundled_recipe_loads_and_validates(name):
     recipe = load_recipe(name)
     assert recipe.name == name
-    assert recipe.head.type in ("medusa", "eagle", "mtp")
+    assert recipe.head.type in ("medusa", "medusa2", "eagle", "eagle3", "mtp")
     # the header comment gives the launch command
     from draftheads.recipe import read_recipe_text
 
@@ -28,8 +28,7 @@ def test_bundled_set_covers_every_head_type_for_smollm2_and_full_size():
     names = set(bundled_recipes())
     assert {"medusa-smollm2", "eagle-smollm2", "mtp-smollm2"} <= names
     full = [load_recipe(n) for n in names if "smollm2" not in n]
-    assert {r.head.type for r in full} == {"medusa", "eagle", "mtp"}
-    assert any(r.head.type == "eagle" and r.head.eagle3 for r in full)
+    assert {r.head.type for r in full} == {"medusa", "eagle", "eagle3", "mtp"}
 
 
 def test_overrides_are_parsed_as_yaml_and_nested():
@@ -60,7 +59,7 @@ def test_resolve_derives_sizes_and_eagle3_layers():
         (["train.batch_size=true"], "train.batch_size: expected int"),
         (["train.schedule=cosin"], "did you mean 'cosine'"),
         (["log.trackers=[wandbb]"], "unknown tracker 'wandbb'"),
-        (["eval.accept=[strictt]"], "unknown rule 'strictt'"),
+        (["eval.accept=[strictt]"], "unknown acceptance rule 'strictt'"),
         (["data.prompts=[]"], "data.prompts is empty"),
         (["train.lr"], "must look like section.key=value"),
         (["data.top_p=1.5"], "data.top_p must be in (0, 1]"),
@@ -90,7 +89,7 @@ def test_eagle3_layers_must_be_distinct_and_in_layer_order(layers):
 
 @pytest.mark.parametrize("layers, fused", [(30, [1, 14, 26]), (32, [1, 15, 28]), (8, [1, 3, 4]), (6, [0, 2, 4]), (4, [0, 1, 2])])
 def test_default_eagle3_layers_are_the_inputs_of_the_engines_default_layers(layers, fused):
-    from draftheads.heads.eagle import default_feature_layers
+    from draftheads.heads.eagle3 import default_feature_layers
 
     assert default_feature_layers(layers) == fused
     if layers >= 8:   # vLLM, SGLang, SpecForge and llama.cpp capture the inputs of layers (2, N//2, N-3)

@@ -17,11 +17,11 @@ from typing import Any, Literal, Union
 from draftheads.core.errors import DraftheadsError
 
 
-def doc(default: Any, text: str) -> Any:
-    """A dataclass field with a default and a one-line doc; mutable defaults are copied."""
+def doc(default: Any, text: str, **more: Any) -> Any:
+    """A dataclass field with a default and a one-line doc (and any `more` metadata); mutable defaults are copied."""
     if isinstance(default, (list, dict)):
-        return dataclasses.field(default_factory=lambda d=default: _copy(d), metadata={"doc": text})
-    return dataclasses.field(default=default, metadata={"doc": text})
+        return dataclasses.field(default_factory=lambda d=default: _copy(d), metadata={"doc": text, **more})
+    return dataclasses.field(default=default, metadata={"doc": text, **more})
 
 
 def _copy(value: Any) -> Any:
@@ -113,7 +113,11 @@ def convert(value: Any, hint: Any, where: str) -> Any:
             pass
     if isinstance(hint, type) and isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
         return value
-    raise DraftheadsError(f"{where}: expected {_name(hint)}, got {_describe(value)}")
+    wanted = KINDS_OF_VALUE.get(hint, _name(hint))
+    raise DraftheadsError(f"{where}: expected {_name(hint)}, got {_describe(value)}; give {wanted}")
+
+
+KINDS_OF_VALUE = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}
 
 
 def _name(hint: Any) -> str:

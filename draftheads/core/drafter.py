@@ -21,7 +21,6 @@ Prompt lookup is a Drafter only; the learned heads (heads/) are TrainableDrafter
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -31,11 +30,13 @@ from draftheads.core.tree import DynamicTreeSpec, Tree
 
 @dataclass
 class Proposal:
-    """Candidate tokens arranged as a tree rooted at the pending token.
+    """Candidate tokens arranged as a tree rooted at the pending token, for one sequence (the loop asks each row's
+    drafter for its own proposal).
 
-    tree:   the shape (static as given, or built by the drafter for a dynamic spec)
-    tokens: [b, N] token at each node; column 0 is the root (pending token)
-    q:      [b, N, V] the draft distribution each node's children were drawn from, when they were
+    tree:   the shape (static as given, or built by the drafter for a dynamic spec; a drafter may return a
+            sub-tree of a static one, e.g. prompt lookup where it found nothing)
+    tokens: [1, N] token at each of the tree's N nodes; column 0 is the root (the pending token)
+    q:      [1, N, V] the draft distribution each node's children were drawn from, when they were
             sampled without replacement from it (in rank order); None when children are the
             deterministic top-k of the draft (the acceptance rules handle both exactly).
             V is the target's vocabulary. Give q only if each node's children are exactly its first
@@ -55,6 +56,8 @@ class Drafter(Protocol):
     # Indices into the target's `hidden_states` tuple the drafter reads; -1 is the last one
     # (after the final norm, the lm_head input). Concatenated in this order.
     feature_layers: tuple[int, ...]
+    # The tree drafted when the caller gives none, parsed when the drafter is built.
+    default_tree: Tree | DynamicTreeSpec
 
     def reset(self) -> None:
         """Forget all state (a new prompt follows).
@@ -74,14 +77,12 @@ class Drafter(Protocol):
         top_p: float = 1.0,
         generator: torch.Generator | None = None,
     ) -> Proposal:
-        """Draft a tree rooted at the pending token (the last `next_tokens` observed).
+        """Draft a tree rooted at the pending token (the last `next_tokens` observed), of the shape `tree` asks for
+        (parsed by the caller: decoding/generate.py once per generation).
 
         With a generator and temperature > 0 children may be sampled without replacement from the
         warped draft distribution (return it in `q`); otherwise take the top-k.
         """
-
-    def default_tree(self) -> Tree | DynamicTreeSpec:
-        """The tree used when the caller gives none."""
 
 
 @runtime_checkable
@@ -97,6 +98,7 @@ class TrainableDrafter(Drafter, Protocol):
     vocab_size: int
     vocab: Any  # heads/draft_vocab.py: DraftVocabulary (restricted) or FullVocabulary
     trains_target: bool  # Medusa-2: the loss runs the LoRA-adapted target itself, so no cached features
+    files: Any  # heads/files.py: which module the weights file holds, and what is saved beside it
 
     def bind(self, target) -> "TrainableDrafter":
         """Attach the target's frozen shared modules (and anything of the target it trains); returns self."""
@@ -109,12 +111,3 @@ class TrainableDrafter(Drafter, Protocol):
 
     def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
         """Draft among the vocab.size tokens most frequent in token_counts [V] (a restricted vocab only)."""
-
-    def saved_module(self) -> torch.nn.Module:
-        """The module whose state_dict is the drafter's own weights file (never the target's weights)."""
-
-    def save_extras(self, folder: Path) -> None:
-        """Write what the weights file does not hold into `folder` (Medusa-2: its LoRA adapter)."""
-
-    def load_extras(self, folder: Path) -> None:
-        """Read back what save_extras wrote, after bind."""

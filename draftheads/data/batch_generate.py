@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from transformers import DynamicCache
 
 from draftheads.core.sampling import fold_seed, sample, top1, warp_probs

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import collections
 import copy
-import hashlib
 import dataclasses
+import hashlib
 import json
 import os
 import time
@@ -25,18 +25,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import torch
 from accelerate import PartialState
 from tqdm.auto import tqdm
-import torch
 
 from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
 from draftheads.data import datastore
 from draftheads.data.batch_generate import LocalBackend
-from draftheads.data.hardware import check_cpu_launch
 from draftheads.data.chat import show_mask, start_chat
+from draftheads.data.hardware import check_cpu_launch
 from draftheads.data.openai_backend import OpenAIBackend, load_tokenizer
-from draftheads.data.prompts import PromptSource, collect_prompts, read_prompts, save_prompts
+from draftheads.data.prompt_source import PromptSource
+from draftheads.data.prompts import collect_prompts, read_prompts, save_prompts
 from draftheads.data.target import attach_chat_template, load_target
 
 PROMPTS = "prompts.jsonl"

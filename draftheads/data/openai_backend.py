@@ -20,8 +20,8 @@ from transformers import AutoTokenizer
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.sampling import fold_seed
-from draftheads.data.chat import SENTINEL, add_reply, encode, end_of_turn_id, render_text, stop_token_ids
 from draftheads.core.targets import locate_target
+from draftheads.data.chat import SENTINEL, add_reply, encode, end_of_turn_id, render_text, stop_token_ids
 from draftheads.data.target import attach_chat_template, from_hub
 
 BACKOFF_SECONDS = 1.0  # first retry waits this long, then doubles

@@ -9,9 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-
-from transformers import AutoConfig
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError

@@ -74,7 +74,7 @@ def accept(
 def check_rule(rule: str, setting: str | None = None) -> str:
     """`rule` if it names an acceptance rule, else a one-line error naming them (`setting`: e.g. 'eval.accept')."""
     if rule not in RULES:
-        what = f"{setting}: unknown rule" if setting else "unknown acceptance rule"
+        what = f"{setting}: unknown acceptance rule" if setting else "unknown acceptance rule"
         raise DraftheadsError(f"{what} '{rule}'{suggest(str(rule), RULES)}; use {', '.join(RULES)}")
     return rule
 

@@ -127,8 +127,9 @@ class CombinedDrafter:
             self.unread = []
             self.learned.observe(features, tokens)
 
+    @property
     def default_tree(self):
-        return self.learned.default_tree()
+        return self.learned.default_tree
 
     def propose(self, tree, *, temperature=0.0, top_k=0, top_p=1.0, generator=None) -> Proposal:
         if len(self.lookup.history) != 1:

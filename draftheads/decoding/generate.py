@@ -7,7 +7,6 @@ decoding when drafter is None, speculative decoding otherwise, with the same sta
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -15,11 +14,10 @@ import torch
 
 from draftheads.core.drafter import Drafter, TrainableDrafter
 from draftheads.core.errors import DraftheadsError
-from draftheads.core.sampling import warp_probs
 from draftheads.core.target_dims import target_dims
 from draftheads.core.tree import AutoTreeSpec, DynamicTreeSpec, Tree, parse_tree
-from draftheads.decoding.accept import check_rule
 from draftheads.decoding.decoder import Decoder
+from draftheads.decoding.settings import decode_settings
 from draftheads.decoding.stats import GenerationStats
 from draftheads.decoding.verify import check_length
 
@@ -33,27 +31,6 @@ class GenerationResult:
     stats: GenerationStats
     rows: list[list[int]] = field(default_factory=list)
     row_stats: list[GenerationStats] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class DecodeSettings:
-    """How one generation samples and stops (validated by `decode_settings`)."""
-
-    rule: str = "greedy"
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    max_new_tokens: int = 128
-    eos: frozenset = frozenset()
-    epsilon: float = 0.09
-    delta: float = 0.3
-
-    def warp(self, logits: torch.Tensor) -> torch.Tensor:
-        """What the acceptance rule reads as p. Greedy reads only the argmax, which temperature, top-k and
-        top-p all keep: it gets the logits as they are (warping [N, V] for it cost ~6% of a verify step)."""
-        if self.rule == "greedy":
-            return logits
-        return warp_probs(logits, self.temperature, self.top_k, self.top_p)
 
 
 def speculative_generate(
@@ -139,38 +116,6 @@ def check_inputs(target, input_ids) -> list[torch.Tensor]:
     return [p.to(target.device) for p in prompts]
 
 
-def decode_settings(target, rule, temperature, top_k, top_p, max_new_tokens, eos_token_id, epsilon, delta) -> DecodeSettings:
-    check_rule(rule)
-    if not math.isfinite(temperature) or temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-        raise DraftheadsError(f"bad sampling settings temperature={temperature}, top_p={top_p}, top_k={top_k}; "
-                              "need temperature >= 0, 0 < top_p <= 1, top_k >= 0")
-    if max_new_tokens < 1:
-        raise DraftheadsError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if not (0 < epsilon < 1 and 0 < delta < 1):  # at 1 or above nothing but a certain token could be accepted
-        raise DraftheadsError(f"typical_epsilon and typical_delta must be in (0, 1), got {epsilon} and {delta}")
-    # At T = 0 the warped target is a one-hot on its argmax, and strict and typical acceptance accept exactly the
-    # children greedy does and emit its argmax: run the greedy rule, which skips warping [nodes, V] and the
-    # rule's per-node work (measured: strict 0.68x and typical 0.29x of plain decoding where greedy ran 1.16x).
-    if temperature == 0:
-        rule = "greedy"
-    return DecodeSettings(rule, float(temperature), int(top_k), float(top_p), int(max_new_tokens),
-                    eos_ids(target, eos_token_id), float(epsilon), float(delta))
-
-
-def eos_ids(target, eos_token_id) -> frozenset:
-    """The ids that end generation: given ones, else the target's generation_config, else its config."""
-    if eos_token_id is None:
-        generation_config = getattr(target, "generation_config", None)
-        eos_token_id = getattr(generation_config, "eos_token_id", None)
-        if eos_token_id is None:
-            eos_token_id = getattr(target.config, "eos_token_id", None)
-    if eos_token_id is None:
-        return frozenset()
-    if isinstance(eos_token_id, int):
-        return frozenset([eos_token_id])
-    return frozenset(int(i) for i in eos_token_id)
-
-
 def check_drafter_fits(drafter, target) -> None:
     """A learned drafter must have been built for a target of this hidden size and vocabulary."""
     if not isinstance(drafter, TrainableDrafter):
@@ -187,8 +132,9 @@ def resolve_tree(drafter, tree) -> Tree | DynamicTreeSpec | None:
     if drafter is None:
         return None
     if not isinstance(drafter, Drafter):
-        raise DraftheadsError(f"{type(drafter).__name__} is not a drafter (needs feature_layers, reset, observe, propose, default_tree)")
-    spec = parse_tree(tree) if tree is not None else drafter.default_tree()
+        raise DraftheadsError(f"{type(drafter).__name__} is not a drafter (needs feature_layers, default_tree, reset, "
+                              "observe, propose)")
+    spec = parse_tree(tree) if tree is not None else drafter.default_tree
     if isinstance(spec, AutoTreeSpec):
         raise DraftheadsError("an auto tree is fitted to a drafter by draftheads eval; give chain:K, static:PATHS or dynamic:TOPK,DEPTH,TOTAL")
     if isinstance(spec, Tree) and spec.num_nodes == 1:

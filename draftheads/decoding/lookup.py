@@ -26,7 +26,7 @@ class PromptLookupDrafter:
         if not 1 <= min_ngram <= max_ngram:
             raise DraftheadsError(f"prompt lookup needs 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
         self.max_ngram, self.min_ngram, self.max_matches = max_ngram, min_ngram, max_matches
-        self.tree = tree or Tree.chain(6)
+        self.default_tree = tree or Tree.chain(6)
         self.history: list[list[int]] = []
 
     def reset(self) -> None:
@@ -42,10 +42,7 @@ class PromptLookupDrafter:
             history.extend(new)
         self.device = next_tokens.device
 
-    def default_tree(self) -> Tree:
-        return self.tree
-
-    def propose(self, tree, *, temperature=0.0, top_k=0, top_p=1.0, generator=None) -> Proposal:
+    def propose(self, tree: Tree | DynamicTreeSpec, *, temperature=0.0, top_k=0, top_p=1.0, generator=None) -> Proposal:
         if isinstance(tree, DynamicTreeSpec):
             raise DraftheadsError("prompt lookup drafts static trees; give chain:K or index paths, not dynamic:...")
         tries = [self._trie(history, tree) for history in self.history]

@@ -1,6 +1,6 @@
-"""`draftheads eval DRAFTER --engine llama.cpp`: EAGLE-3 drafters inside llama.cpp, beside the engine's own decoding.
+"""`draftheads engine eval llama.cpp DRAFTER`: EAGLE-3 drafters inside llama.cpp, beside the engine's own decoding.
 
-    folder = run_engine_eval(["runs/eagle3-smollm2"], prompts="humaneval", limit=10, draft_tokens=[2, 3, 4])
+    folder = run_engine_eval(["runs/eagle3-smollm2"], EngineEvalConfig(limit=10, draft_tokens=[2, 3, 4]))
 
 Each drafter is exported to GGUF (interop/llama_cpp.py) and paired with the target GGUF. One llama-server per
 configuration runs at once on the loopback: plain greedy decoding, llama.cpp's n-gram speculation modes (each at
@@ -28,30 +28,21 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import Tree
 from draftheads.data.chat import add_reply, stop_token_ids
 from draftheads.decoding.stats import GenerationStats
+from draftheads.evaluation.conversations import Conversation, EvalSettings, first_chat, load_conversations
+from draftheads.evaluation.drafter_specs import learned_paths
 from draftheads.evaluation.engine_report import (
     engine_rows,
     format_engine_markdown,
     format_engine_table,
     write_engine_plots,
 )
-from draftheads.evaluation.evaluate import (
-    check_report_folder,
-    drafter_name,
-    learned_entry,
-    learned_paths,
-    load_conversations,
-    load_eval_target,
-    report_folder,
-)
-from draftheads.evaluation.measure import (
-    Conversation,
-    EvalSettings,
-    RunConfig,
-    first_chat,
-    generate_conversations,
-)
+from draftheads.evaluation.entries import drafter_name, learned_entry
+from draftheads.evaluation.eval_config import EngineEvalConfig
+from draftheads.evaluation.measure import RunConfig, generate_conversations
 from draftheads.evaluation.profile import context_limit
 from draftheads.evaluation.report import environment, now, write_report
+from draftheads.evaluation.report_folder import check_report_folder, report_folder
+from draftheads.evaluation.saved_runs import load_eval_target
 from draftheads.interop.export import export_drafter
 from draftheads.interop.llama_cpp import DRAFTER_FILE
 from draftheads.interop.llama_cpp_build import install_llama_cpp
@@ -112,44 +103,41 @@ def engine_configs(drafters: dict[str, Path], draft_tokens: list[int], ngram: bo
     return configs
 
 
-def run_engine_eval(drafters: list[str], *, engine: str = "llama.cpp", target: str | None = None,
-                    prompts: str = "humaneval", limit: int | None = None, max_new_tokens: int = 128,
-                    draft_tokens: list[int] = (2, 3, 4, 5), ngram: bool = True, ours: bool = True, dtype: str = "auto",
-                    out: str | None = None, threads: int | None = None, target_model=None,
-                    p_mins: list[float] = (0.0,)) -> Path:
-    """Measure each EAGLE-3 drafter in llama.cpp beside llama.cpp's plain and n-gram decoding; write and print the
-    report; return its folder. `target`: the target GGUF (or any spec the drafter's export takes); `ours`: also run
-    our own loop for tau; `target_model`: (model, tokenizer) instead of loading the target (tests)."""
+def run_engine_eval(drafters: list[str], config: EngineEvalConfig | None = None, *, engine: str = "llama.cpp",
+                    target: str | None = None, out: str | None = None, target_model=None) -> Path:
+    """Measure each EAGLE-3 drafter in `engine` beside its plain and n-gram decoding; write and print the report; return
+    its folder. `target`: the target GGUF (or any spec the drafter's export takes); `target_model`: (model, tokenizer)
+    for our own loop instead of loading the target (tests)."""
+    config = config or EngineEvalConfig()
     if engine != "llama.cpp":
-        raise DraftheadsError(f"--engine {engine}: only llama.cpp runs on this kind of machine (vLLM and SGLang need a GPU)")
+        raise DraftheadsError(f"engine {engine}: only llama.cpp runs on this kind of machine (vLLM and SGLang need a GPU)")
     paths = learned_paths(drafters)
     if not paths:
-        raise DraftheadsError("--engine llama.cpp needs an EAGLE-3 drafter folder (prompt lookup runs in our own loop only)")
-    draft_tokens = sorted(set(draft_tokens))
-    if not draft_tokens or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in draft_tokens):
-        raise DraftheadsError(f"draft lengths must be whole numbers >= 1, got {draft_tokens}; e.g. --draft-tokens 2,3,4")
-    p_mins = sorted(set(p_mins))
-    if not p_mins or any(not 0 <= p < 1 for p in p_mins):
-        raise DraftheadsError(f"draft confidence floors must be in [0, 1), got {p_mins}; e.g. --draft-p-min 0,0.5")
+        raise DraftheadsError("draftheads engine eval needs an EAGLE-3 drafter folder (prompt lookup runs in our own loop "
+                              "only)")
+    draft_tokens, p_mins = sorted(set(config.draft_tokens)), sorted(set(config.p_mins))
     check_report_folder(out)
     folder = report_folder(out, drafters)
     exports = export_for_engine(paths, folder / "gguf", target)   # refuses a drafter llama.cpp cannot run, before the build
     tools = install_llama_cpp()
-    model, tokenizer, target_info = load_eval_target(target, dtype, paths, target_model)
-    settings = engine_settings(model, tokenizer, max_new_tokens)
-    conversations, skipped, _ = load_conversations(prompts, limit, tokenizer, settings)
+    model, tokenizer, target_info = load_eval_target(target, config.dtype, paths, target_model)
+    settings = engine_settings(model, tokenizer, config.max_new_tokens)
+    conversations, skipped, _ = load_conversations(config.prompts, config.limit, tokenizer, settings)
     target_gguf = folder / "gguf" / next(iter(exports)) / next(iter(exports.values()))["target"]
-    configs = engine_configs({name: folder / "gguf" / name / DRAFTER_FILE for name in exports}, draft_tokens, ngram, p_mins)
-    print(f"draftheads eval --engine llama.cpp: {len(conversations)} prompts from {prompts}, {len(configs)} llama-server "
+    configs = engine_configs({name: folder / "gguf" / name / DRAFTER_FILE for name in exports}, draft_tokens,
+                             config.ngram, p_mins)
+    print(f"draftheads engine eval llama.cpp: {len(conversations)} prompts from {config.prompts}, {len(configs)} llama-server "
           f"configurations at once ({tools.server})", flush=True)
-    sides = measure_engine(tools.server, target_gguf, configs, conversations, tokenizer, settings, folder / "logs", threads)
-    ours_tau = our_tau(exports, model, tokenizer, conversations, settings, draft_tokens) if ours else {}
+    sides = measure_engine(tools.server, target_gguf, configs, conversations, tokenizer, settings, folder / "logs",
+                           config.threads)
+    ours_tau = our_tau(exports, model, tokenizer, conversations, settings, draft_tokens) if config.ours else {}
     rows = engine_rows(configs, sides, ours_tau)
     report = {
         "created": now(), "engine": {"name": "llama.cpp", "server": str(tools.server), **tools.record},
         "target": {**target_info, "gguf": str(target_gguf)}, "environment": environment(),
-        "settings": {"drafters": list(drafters), "prompts": prompts, "limit": limit, "max_new_tokens": max_new_tokens,
-                     "draft_tokens": draft_tokens, "p_mins": p_mins, "ngram": ngram, "threads": threads,
+        "settings": {"drafters": list(drafters), "prompts": config.prompts, "limit": config.limit,
+                     "max_new_tokens": config.max_new_tokens, "draft_tokens": draft_tokens, "p_mins": p_mins,
+                     "ngram": config.ngram, "threads": config.threads,
                      "ours_dtype": target_info["dtype"],
                      "exports": {name: str(folder / "gguf" / name) for name in exports}},
         "prompt_count": len(conversations), "prompts_skipped": sum(skipped.values()), "skipped_reasons": skipped,
@@ -201,7 +189,7 @@ def measure_engine(server: Path, target_gguf: Path, configs: list[EngineConfig],
                                                            threads, context)) for c in configs}
         for running in servers.values():   # one-off costs (allocations, the first graphs) out of the numbers
             running.complete(first_chat(tokenizer, conversations[0], settings).input_ids, min(8, settings.max_new_tokens))
-        bar = tqdm(total=len(conversations) * len(configs), desc="draftheads eval --engine llama.cpp", unit="run",
+        bar = tqdm(total=len(conversations) * len(configs), desc="draftheads engine eval llama.cpp", unit="run",
                    mininterval=1.0)
         for i, conv in enumerate(conversations):
             for config in (configs if i % 2 == 0 else configs[::-1]):

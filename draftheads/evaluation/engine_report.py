@@ -81,7 +81,7 @@ def format_engine_markdown(report: dict) -> str:
     rows = report["results"]
     best = max((r for r in rows if r["kind"] != "plain"), key=lambda r: r["speedup"] or 0, default=None)
     out = [
-        "# draftheads eval --engine llama.cpp", "",
+        "# draftheads engine eval llama.cpp", "",
         f"{report['created']} · llama.cpp from {engine['sdist']} ({engine['server']}) · target `{Path(target['gguf']).name}` · "
         f"{hw['cpu']} ({hw['cpu_count']} cores)", "",
         f"Prompts: {s['prompts']} ({report['prompt_count']} conversations, {report['prompts_skipped']} skipped) · "

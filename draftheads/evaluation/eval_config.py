@@ -1,38 +1,114 @@
-"""A recipe's eval: section, the settings `draftheads eval` takes for the flags it is not given."""
+"""The settings of an evaluation, checked once, here, whether they come from a recipe's eval: section, the command
+line or the API: `EvalConfig` for `draftheads eval` (our loop), `EngineEvalConfig` for `draftheads engine eval`
+(drafters inside a serving engine). The sampling settings are checked by the functions the generation loop itself
+checks them with (decoding/settings.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
+from typing import Literal
 
 from draftheads.core.config import check, doc
 from draftheads.core.tree import parse_tree
 from draftheads.decoding.accept import check_rule
+from draftheads.decoding.settings import check_new_tokens, check_sampling, check_typical
+
+COMBINED_MODES = {"graft": ["graft"], "switch": ["switch"], "gate": ["gate"], "all": ["graft", "switch", "gate"]}
+DTYPES = ("auto", "bf16", "fp16", "fp32")
+
+
+def flag(default, text: str, name: str | None = None):
+    """A setting with its doc and the command-line flag that sets it (None: a recipe or API setting only)."""
+    return doc(default, text, flag=name)
+
+
+def check_prompts(prompts: str, limit: int | None, max_new_tokens: int) -> None:
+    check(bool(str(prompts).strip()), "eval.prompts (--prompts) is empty; give humaneval, tasks, long, a file or a hub dataset")
+    check(limit is None or limit >= 1, f"eval.limit (--limit) must be a whole number >= 1, got {limit}")
+    check_new_tokens(max_new_tokens)
 
 
 @dataclass
 class EvalConfig:
     """Acceptance evaluation (`draftheads eval`)."""
 
-    prompts: str = doc("humaneval", "'humaneval', 'tasks' (the bundled set of 8 task kinds), a local file, or a hub dataset")
-    limit: int | None = doc(20, "evaluate on at most this many prompts")
-    accept: list[str] = doc(["greedy"], "acceptance rules: greedy, strict, typical")
-    temperatures: list[float] = doc([0.0], "sampling temperatures")
-    tree: str | None = doc(None, "chain:K, dynamic:TOPK,DEPTH,TOTAL, auto, or static:PATHS (default: the drafter's)")
-    max_new_tokens: int = doc(128, "tokens generated per prompt")
-    typical_epsilon: float = doc(0.09, "typical acceptance: hard threshold epsilon")
-    typical_delta: float = doc(0.3, "typical acceptance: entropy-scaled threshold delta")
-    seed: int = doc(0, "sampling seed")
-    batch_sizes: list[int] = doc([1], "decode the prompts in batches of each of these sizes (more than [1]: the speedup-vs-batch curve)")
-    plain_above: int | None = doc(None, "decode plainly while more than this many rows of a batch are generating")
+    prompts: str = flag("humaneval", "'humaneval', 'tasks' (the bundled set of 8 task kinds), 'long' (22 passage "
+                                     "prompts, 120-1,830 tokens), a local file, or a hub dataset", "--prompts")
+    limit: int | None = flag(20, "evaluate on at most this many prompts", "--limit")
+    accept: list[str] = flag(["greedy"], "acceptance rules: greedy, strict, typical", "--accept")
+    temperatures: list[float] = flag([0.0], "sampling temperatures", "--temperature")
+    top_k: int = flag(0, "sample from the target's k most likely tokens (0: all)")
+    top_p: float = flag(1.0, "sample from the smallest set of the target's tokens holding this probability (1: all)")
+    tree: str | None = flag(None, "chain:K, static:PATHS, dynamic:TOPK,DEPTH,TOTAL, auto[:NODES] (fastest on this "
+                                  "machine) or auto:tau[:NODES] (most tokens per forward) (default: the drafter's)", "--tree")
+    max_new_tokens: int = flag(128, "tokens generated per prompt", "--max-new-tokens")
+    typical_epsilon: float = flag(0.09, "typical acceptance: hard threshold epsilon")
+    typical_delta: float = flag(0.3, "typical acceptance: entropy-scaled threshold delta")
+    seed: int = flag(0, "sampling seed (prompt i's turn t is sampled with seed + 1000 i + t)")
+    combined: Literal["graft", "switch", "gate", "all"] | None = flag(
+        None, "also measure each learned drafter combined with prompt lookup: graft (the lookup chain grafted onto the "
+              "learned tree), switch (the lookup chain alone while the text is being copied, the grafted tree "
+              "otherwise), gate (the learned tree drafted only while the tokens it adds pay for its cost on this "
+              "machine), all (the three)", "--combined")
+    batch_sizes: list[int] = flag([1], "decode the prompts in batches of each of these sizes (more than [1]: the "
+                                       "speedup-vs-batch curve)", "--batch-size")
+    plain_above: int | None = flag(None, "decode plainly while more than this many rows of a batch are generating",
+                                   "--plain-above")
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] = flag("auto", "the target's dtype ('auto': bf16 where the hardware "
+                                                                  "has native bf16, else fp32)", "--dtype")
+    refresh_profile: bool = flag(False, "time the target on this machine again instead of reading the cached cost "
+                                        "profile", "--refresh-profile")
+    tau_from: str | None = flag(None, "predict from the tau an earlier eval measured (its folder or report.json) where "
+                                      "it ran the same drafter, tree and rule, instead of from the calibration prompts",
+                                "--tau-from")
 
     def __post_init__(self):
+        check(bool(self.accept) and bool(self.temperatures), "give at least one acceptance rule (eval.accept, --accept) "
+                                                              "and one temperature (eval.temperatures, --temperature)")
         for rule in self.accept:
-            check_rule(rule, "eval.accept")
-        check(all(t >= 0 for t in self.temperatures), "eval.temperatures must be >= 0")
-        check(self.limit is None or self.limit > 0, "eval.limit must be positive")
-        check(self.max_new_tokens > 0, "eval.max_new_tokens must be positive")
-        for name in ("typical_epsilon", "typical_delta"):  # at 1 or above nothing but a certain token could be accepted
-            check(0 < getattr(self, name) < 1, f"eval.{name} must be in (0, 1), got {getattr(self, name)}")
-        check(bool(self.batch_sizes) and all(b >= 1 for b in self.batch_sizes), "eval.batch_sizes must be whole numbers >= 1")
-        check(self.plain_above is None or self.plain_above >= 1, "eval.plain_above must be >= 1 (or null: always speculate)")
-        parse_tree(self.tree, "eval.tree")  # a bad or oversized tree is refused with the recipe
+            check_rule(rule, "eval.accept (--accept)")
+        for temperature in self.temperatures:
+            check_sampling(temperature, self.top_k, self.top_p)
+        check_typical(self.typical_epsilon, self.typical_delta, "eval.")
+        check_prompts(self.prompts, self.limit, self.max_new_tokens)
+        check(bool(self.batch_sizes) and all(b >= 1 for b in self.batch_sizes),
+              f"eval.batch_sizes (--batch-size) must be whole numbers >= 1, got {self.batch_sizes}; e.g. 1,2,4,8,16")
+        check(self.plain_above is None or self.plain_above >= 1,
+              f"eval.plain_above (--plain-above) must be a whole number >= 1 (decode plainly above that many rows), "
+              f"got {self.plain_above}")
+        parse_tree(self.tree, "eval.tree (--tree)")  # a bad or oversized tree is refused before any work
+
+    @property
+    def combined_modes(self) -> list[str]:
+        """The combinations with prompt lookup measured beside each learned drafter."""
+        return COMBINED_MODES[self.combined] if self.combined else []
+
+
+@dataclass
+class EngineEvalConfig:
+    """Drafters measured inside a serving engine (`draftheads engine eval`), greedy, beside its own decoding."""
+
+    prompts: str = flag("humaneval", "as eval.prompts", "--prompts")
+    limit: int | None = flag(20, "evaluate on at most this many prompts", "--limit")
+    max_new_tokens: int = flag(128, "tokens generated per prompt", "--max-new-tokens")
+    draft_tokens: list[int] = flag([2, 3, 4, 5], "draft lengths (llama.cpp's --spec-draft-n-max)", "--draft-tokens")
+    p_mins: list[float] = flag([0.0], "confidence floors: llama.cpp stops a draft at a token the drafter gives less than "
+                                      "this probability (0: always the full length)", "--draft-p-min")
+    ngram: bool = flag(True, "also run llama.cpp's n-gram modes, alone and beside each drafter", "--no-ngram")
+    ours: bool = flag(True, "also run our own loop on the same drafters and prompts, for its tau")
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] = flag("auto", "our own loop's target dtype", "--dtype")
+    threads: int | None = flag(None, "threads of each llama-server (default: llama.cpp's choice)")
+
+    def __post_init__(self):
+        check_prompts(self.prompts, self.limit, self.max_new_tokens)
+        check(bool(self.draft_tokens) and all(n >= 1 for n in self.draft_tokens),
+              f"--draft-tokens must be whole numbers >= 1, got {self.draft_tokens}; e.g. 2,3,4")
+        check(bool(self.p_mins) and all(math.isfinite(p) and 0 <= p < 1 for p in self.p_mins),
+              f"--draft-p-min must be in [0, 1), got {self.p_mins}; e.g. 0,0.5")
+        check(self.threads is None or self.threads >= 1, f"threads must be >= 1, got {self.threads}")
+
+
+def cli_flags(config_class) -> dict[str, str]:
+    """Setting name -> its command-line flag, for the settings that have one."""
+    return {f.name: f.metadata["flag"] for f in fields(config_class) if f.metadata.get("flag")}

@@ -32,7 +32,8 @@ from draftheads.core.tree import Tree
 from draftheads.core.version import __version__
 from draftheads.decoding.accept import accept
 from draftheads.decoding.decoder import clock
-from draftheads.decoding.generate import decode_settings, speculative_generate
+from draftheads.decoding.generate import speculative_generate
+from draftheads.decoding.settings import decode_settings
 from draftheads.decoding.verify import compact_cache, new_cache, prefill, verify
 from draftheads.evaluation.report import environment
 

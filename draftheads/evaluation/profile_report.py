@@ -14,16 +14,12 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from draftheads.evaluation.calibration import profile_entry
+from draftheads.evaluation.conversations import CALIBRATION_PROMPTS, eval_settings, load_conversations
+from draftheads.evaluation.entries import build_entries
 from draftheads.evaluation.eval_config import EvalConfig
-from draftheads.evaluation.evaluate import (
-    CALIBRATION_PROMPTS,
-    build_entries,
-    eval_settings,
-    load_conversations,
-    load_eval_target,
-    profile_entry,
-)
 from draftheads.evaluation.profile import TargetProfile, target_profile
+from draftheads.evaluation.saved_runs import load_eval_target
 
 SHOWN_RULES = [("strict", 0.7, 0, 1.0), ("typical", 0.7, 0, 1.0), ("strict", 0.7, 0, 0.9)]
 
@@ -32,11 +28,12 @@ def run_profile(target: str | None, drafters: list[str], *, dtype: str = "auto",
                 out: str | None = None, target_model=None) -> Path:
     model, tokenizer, info = load_eval_target(target, dtype, drafters, target_model)
     profile = target_profile(model, refresh=refresh, rules=SHOWN_RULES, progress=lambda line: print(line, flush=True))
-    entries = build_entries(drafters, model, None, False) if drafters else []   # prompt lookup comes with any drafter
+    entries = build_entries(drafters, model, None) if drafters else []   # prompt lookup comes with any drafter
     costs = {}
     if entries:
-        settings = eval_settings(model, tokenizer, entries, 64, 0, 0, 1.0, 0.09, 0.3)
-        calibration = load_conversations(EvalConfig().prompts, 1, tokenizer, settings, CALIBRATION_PROMPTS)[2]
+        config = EvalConfig(max_new_tokens=64)
+        settings = eval_settings(model, tokenizer, config, max(e.nodes for e in entries))
+        calibration = load_conversations(config.prompts, 1, tokenizer, settings, CALIBRATION_PROMPTS)[2]
         for entry in entries:
             costs[entry.name] = profile_entry(model, tokenizer, entry, calibration, settings)
     print(format_profile(profile, info["name"], info["dtype"], costs))

@@ -21,22 +21,31 @@ from typing import Any, Protocol
 
 import torch
 
+from draftheads.core.config import check
 from draftheads.core.drafter import Proposal
-from draftheads.core.tree import DynamicTreeSpec, Tree
+from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
 from draftheads.heads.common import DepthMetrics, batch_features, mean_loss, shift_mask
-from draftheads.heads.draft_tree import (
-    Sampling,
-    draft_dynamic,
-    draft_static,
-    node_depth,
-)
+from draftheads.heads.draft_tree import Sampling, draft_dynamic, draft_static, node_depth
 from draftheads.heads.layers import KVCache, causal_visible, tree_visible, ttt_visible
+
+MAX_TTT_STEPS = 16
+
+
+def check_unroll(config) -> None:
+    """The settings EAGLE-1/2 and EAGLE-3 configs share: the unroll, the input noise, the token-loss sample, the
+    draft vocabulary's size and the default tree (a bad or oversized tree is refused with the recipe)."""
+    check(1 <= config.ttt_steps <= MAX_TTT_STEPS, f"head.ttt_steps must be between 1 and {MAX_TTT_STEPS}, got {config.ttt_steps}")
+    check(0 < config.ttt_decay <= 1, f"head.ttt_decay must be in (0, 1], got {config.ttt_decay}")
+    check(config.input_noise >= 0, f"head.input_noise must be >= 0, got {config.input_noise}")
+    check(0 < config.token_loss_fraction <= 1, f"head.token_loss_fraction must be in (0, 1], got {config.token_loss_fraction}")
+    check(config.draft_vocab_size is None or config.draft_vocab_size > 0, "head.draft_vocab_size must be positive")
+    parse_tree(config.default_tree, "head.default_tree")
 
 
 class DraftLayer(Protocol):
     """What an EAGLE drafter gives this module."""
 
-    config: Any  # EagleConfig: ttt_steps, ttt_decay, input_noise, token_loss_fraction
+    config: Any  # EagleConfig or Eagle3Config: ttt_steps, ttt_decay, input_noise, token_loss_fraction
     vocab: Any  # heads/draft_vocab.py
     hidden_size: int
     dtype: torch.dtype

@@ -28,6 +28,12 @@ from draftheads.core.errors import DraftheadsError
 IGNORE = -100  # cross_entropy's ignore_index: labels outside the draft vocabulary
 
 
+def check_draft_vocab(size: int | None, vocab_size: int) -> None:
+    """head.draft_vocab_size against the target's vocabulary."""
+    if size is not None and not 0 < size <= vocab_size:
+        raise DraftheadsError(f"head.draft_vocab_size {size} must be between 1 and the target vocabulary ({vocab_size})")
+
+
 def ids(d2t: torch.Tensor) -> torch.Tensor:
     """[Vd] target token id of each draft-vocabulary entry."""
     return torch.arange(len(d2t), device=d2t.device) + d2t

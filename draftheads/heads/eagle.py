@@ -7,7 +7,7 @@ The decoder layer is the target's own class (heads/layers.py), run autoregressiv
 outputs (heads/draft_layer.py: the training-time test and tree drafting). Loss per unroll step j:
 feature_loss_weight · SmoothL1(f̂, f) + token_loss_weight · soft CE against the target's
 distribution softmax(lm_head(f_{t+1})) (not the sampled next token), weighted ttt_decay^j.
-`EagleConfig` also configures EAGLE-3 (`eagle3: true`), whose drafter is heads/eagle3.py.
+EAGLE-3 (`type: eagle3`) is heads/eagle3.py.
 """
 
 from __future__ import annotations
@@ -25,86 +25,43 @@ from draftheads.core.target_dims import target_dims
 from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
 from draftheads.heads import draft_layer
 from draftheads.heads.common import bind_frozen
-from draftheads.heads.draft_layer import LayerDrafting
+from draftheads.heads.draft_layer import MAX_TTT_STEPS, LayerDrafting, check_unroll
 from draftheads.heads.draft_tree import Sampling
-from draftheads.heads.draft_vocab import vocabulary
+from draftheads.heads.draft_vocab import check_draft_vocab, vocabulary
+from draftheads.heads.files import WeightsOnly
 from draftheads.heads.layers import bind_parts, build_decoder_layer, run_layer
-
-MAX_TTT_STEPS = 16
 
 
 @dataclass
 class EagleConfig:
-    """EAGLE layer hyper-parameters (hidden size, vocabulary and layer count come from the target)."""
+    """EAGLE-1/2 layer hyper-parameters (hidden size, vocabulary and layer count come from the target)."""
 
     type: Literal["eagle"] = doc("eagle", "head type")
-    eagle3: bool = doc(False, "EAGLE-3: fused low/mid/high features, training-time test, reduced draft vocabulary")
-    feature_layers: list[int] | None = doc(None, "EAGLE-3: the target layers whose OUTPUTS are fused, in increasing order (default "
-                                                 "{1, N//2-1, N-4}: the inputs of layers {2, N//2, N-3}, the engines' default "
-                                                 "eagle_aux_hidden_state_layer_ids)")
-    draft_vocab_size: int | None = doc(None, "draft only among this many most frequent target-generated tokens. EAGLE-3: its own "
-                                             "lm_head (default min(32000, target vocab)); EAGLE-1/2: rows of the target's lm_head "
-                                             "(default: the full vocabulary), making each draft step several times cheaper")
+    draft_vocab_size: int | None = doc(None, "draft only among this many most frequent target-generated tokens, through "
+                                             "the rows of the target's lm_head for them (default: the full vocabulary), "
+                                             "making each draft step several times cheaper")
     ttt_steps: int = doc(1, "training-time test: unroll this many steps on the drafter's own outputs")
     ttt_decay: float = doc(0.8, "training-time test: step j's loss is weighted decay^j")
-    feature_loss_weight: float = doc(1.0, "EAGLE-1/2: weight of SmoothL1(f̂, f)")
-    token_loss_weight: float = doc(0.1, "EAGLE-1/2: weight of the token cross-entropy")
+    feature_loss_weight: float = doc(1.0, "weight of SmoothL1(f̂, f)")
+    token_loss_weight: float = doc(0.1, "weight of the token cross-entropy")
     input_noise: float = doc(0.2, "width of the uniform noise added to input features during training (0 = off)")
-    token_loss_fraction: float = doc(1.0, "share of positions, drawn anew each training step, that get the vocabulary-sized "
-                                          "token loss (the feature loss uses all); < 1 trades a noisier token loss for speed")
+    token_loss_fraction: float = doc(1.0, "share of positions, drawn anew each training step, that get the "
+                                          "vocabulary-sized token loss (the feature loss uses all); < 1 trades a "
+                                          "noisier token loss for speed")
     default_tree: str = doc("dynamic:8,6,48", "tree used when the caller gives none (chain:K, dynamic:TOPK,DEPTH,TOTAL)")
     init_from: str | None = doc(None, "start from an existing drafter (native or an engine/public layout)")
-    draft_layer: Literal["llama", "target"] | None = doc(None, "EAGLE-3: the draft layer's class: 'llama' (the default: what SGLang, "
-                                                        "vLLM, llama.cpp and speculators load for any target) or 'target' (the "
-                                                        "target's own decoder-layer class, e.g. Qwen3's with q/k norms)")
 
     def __post_init__(self):
-        check(self.draft_layer is None or self.eagle3, "head.draft_layer only applies with head.eagle3: true (EAGLE-1/2 "
-                                                       "layers are the target's class)")
-        check(1 <= self.ttt_steps <= MAX_TTT_STEPS, f"head.ttt_steps must be between 1 and {MAX_TTT_STEPS}, got {self.ttt_steps}")
-        check(0 < self.ttt_decay <= 1, f"head.ttt_decay must be in (0, 1], got {self.ttt_decay}")
-        check(self.input_noise >= 0, f"head.input_noise must be >= 0, got {self.input_noise}")
-        check(0 < self.token_loss_fraction <= 1, f"head.token_loss_fraction must be in (0, 1], got {self.token_loss_fraction}")
+        check_unroll(self)
         check(self.token_loss_weight >= 0 and self.feature_loss_weight >= 0, "head loss weights must be >= 0")
-        check(self.draft_vocab_size is None or self.draft_vocab_size > 0, "head.draft_vocab_size must be positive")
-        parse_tree(self.default_tree, "head.default_tree")  # a bad or oversized tree is refused with the recipe, not at the first step
-        if self.feature_layers is not None:
-            check(len(self.feature_layers) == 3, f"head.feature_layers must list 3 target layers, got {len(self.feature_layers)}")
-            check(self.eagle3, "head.feature_layers only applies with head.eagle3: true")
-            # engines capture the layers in layer order: an unsorted list would silently permute fc's input columns
-            check(list(self.feature_layers) == sorted(set(self.feature_layers)),
-                  f"head.feature_layers must be 3 different layers in increasing order, got {list(self.feature_layers)}")
 
     def resolve(self, num_layers: int, vocab_size: int) -> None:
-        """Fill the values derived from the target and check those that depend on it."""
-        if not self.eagle3:
-            if self.draft_vocab_size is not None:
-                check(self.draft_vocab_size <= vocab_size, f"head.draft_vocab_size {self.draft_vocab_size} exceeds the target vocabulary ({vocab_size})")
-            return
-        if self.draft_layer is None:
-            self.draft_layer = "llama"
-        if self.feature_layers is None:
-            self.feature_layers = default_feature_layers(num_layers)
-        for layer in self.feature_layers:
-            check(0 <= layer < num_layers, f"head.feature_layers: layer {layer} does not exist (the target has {num_layers} layers)")
-        if self.draft_vocab_size is None:
-            self.draft_vocab_size = min(32000, vocab_size)
-        check(self.draft_vocab_size <= vocab_size, f"head.draft_vocab_size {self.draft_vocab_size} exceeds the target vocabulary ({vocab_size})")
+        """Check what depends on the target."""
+        check_draft_vocab(self.draft_vocab_size, vocab_size)
 
     @property
     def depth(self) -> int:
         return MAX_TTT_STEPS  # autoregressive: any draft depth
-
-
-def default_feature_layers(num_layers: int) -> list[int]:
-    """The layers whose outputs EAGLE-3 fuses by default: the inputs of layers (2, N//2, N-3), which vLLM, SGLang,
-    SpecForge and llama.cpp capture when a drafter names none; on targets too shallow for three different ones of
-    those, three spread over the layers below the last."""
-    engines = [2 - 1, num_layers // 2 - 1, num_layers - 3 - 1]
-    if len(set(engines)) == 3 and engines[0] < engines[1] < engines[2]:
-        return engines
-    check(num_layers >= 3, f"EAGLE-3 fuses three different target layers; this target has only {num_layers}")
-    return [0, (num_layers - 1) // 2, num_layers - 2] if num_layers >= 4 else [0, 1, 2]
 
 
 class EagleDrafter(nn.Module):
@@ -130,6 +87,8 @@ class EagleDrafter(nn.Module):
         self.fc = nn.Linear(2 * dims.hidden_size, dims.hidden_size, bias=True)
         self.layer.input_layernorm = nn.Identity()  # f is already normalised by the target
         self.vocab = vocabulary(self, config.draft_vocab_size, dims.vocab_size)
+        self.default_tree = parse_tree(config.default_tree)
+        self.files = WeightsOnly(self)
         bind_frozen(self, _lm_head=None)
         self.reset()
 
@@ -192,28 +151,15 @@ class EagleDrafter(nn.Module):
         """Draft among the draft_vocab_size tokens most frequent in token_counts [V] (ties: lower id first)."""
         self.vocab.choose(token_counts)
 
-    def saved_module(self) -> nn.Module:
-        return self
-
-    def save_extras(self, folder) -> None:
-        """Everything is in the weights file."""
-
-    def load_extras(self, folder) -> None:
-        """Everything is in the weights file."""
-
     # ---- drafting (core/drafter.py: Drafter) ----------------------------------------------------
 
     def reset(self) -> None:
         self._drafting = LayerDrafting()
 
-    def default_tree(self) -> Tree | DynamicTreeSpec:
-        return parse_tree(self.config.default_tree)
-
     def observe(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Append committed positions: features [b, n, F], the token after each [b, n]."""
         self._drafting.observe(self, features, next_tokens)
 
-    def propose(self, tree=None, *, temperature=0.0, top_k=0, top_p=1.0, generator=None):
+    def propose(self, tree: Tree | DynamicTreeSpec, *, temperature=0.0, top_k=0, top_p=1.0, generator=None):
         """Draft a static tree level by level, or an EAGLE-2 dynamic tree (one sequence)."""
-        tree = parse_tree(tree) if tree is not None else self.default_tree()
         return self._drafting.propose(self, tree, Sampling(temperature, top_k, top_p, generator))

@@ -9,30 +9,86 @@ own class with q/k/v widened to 2H inputs; its residual stream stays the H-wide 
 output head is the drafter's own, over a draft vocabulary (d2t/t2d, heads/draft_vocab.py), started
 as the target's rows for it. Loss per unroll step j (heads/draft_layer.py): soft CE against the
 target's distribution restricted to the draft vocabulary (renormalised), weighted ttt_decay^j, so
-positions whose target argmax lies outside it still count. Configured by `EagleConfig(eagle3=True)`.
+positions whose target argmax lies outside it still count.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
 from torch import nn
 
+from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims, text_config
 from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
 from draftheads.heads import draft_layer
 from draftheads.heads.common import bind_frozen
-from draftheads.heads.draft_layer import LayerDrafting
+from draftheads.heads.draft_layer import MAX_TTT_STEPS, LayerDrafting, check_unroll
 from draftheads.heads.draft_tree import Sampling
-from draftheads.heads.draft_vocab import DraftVocabulary
-from draftheads.heads.eagle import EagleConfig
-from draftheads.heads.layers import (
-    bind_parts,
-    build_decoder_layer,
-    make_norm,
-    run_layer,
-    widen_attention_inputs,
-)
+from draftheads.heads.draft_vocab import DraftVocabulary, check_draft_vocab
+from draftheads.heads.files import WeightsOnly
+from draftheads.heads.layers import bind_parts, build_decoder_layer, make_norm, run_layer, widen_attention_inputs
+
+
+@dataclass
+class Eagle3Config:
+    """EAGLE-3 hyper-parameters (hidden size, vocabulary and layer count come from the target)."""
+
+    type: Literal["eagle3"] = doc("eagle3", "head type")
+    feature_layers: list[int] | None = doc(None, "the target layers whose OUTPUTS are fused, in increasing order (default "
+                                                 "{1, N//2-1, N-4}: the inputs of layers {2, N//2, N-3}, the engines' "
+                                                 "default eagle_aux_hidden_state_layer_ids)")
+    draft_vocab_size: int | None = doc(None, "its own lm_head drafts among this many most frequent target-generated "
+                                             "tokens (default min(32000, target vocab))")
+    ttt_steps: int = doc(1, "training-time test: unroll this many steps on the drafter's own outputs")
+    ttt_decay: float = doc(0.8, "training-time test: step j's loss is weighted decay^j")
+    input_noise: float = doc(0.2, "width of the uniform noise added to input features during training (0 = off)")
+    token_loss_fraction: float = doc(1.0, "share of positions, drawn anew each training step, that get the "
+                                          "vocabulary-sized token loss; < 1 trades a noisier loss for speed")
+    default_tree: str = doc("dynamic:8,6,48", "tree used when the caller gives none (chain:K, dynamic:TOPK,DEPTH,TOTAL)")
+    init_from: str | None = doc(None, "start from an existing drafter (native or an engine/public layout)")
+    draft_layer: Literal["llama", "target"] | None = doc(None, "the draft layer's class: 'llama' (the default: what "
+                                                               "SGLang, vLLM, llama.cpp and speculators load for any "
+                                                               "target) or 'target' (the target's own decoder-layer "
+                                                               "class, e.g. Qwen3's with q/k norms)")
+
+    def __post_init__(self):
+        check_unroll(self)
+        if self.feature_layers is not None:
+            check(len(self.feature_layers) == 3, f"head.feature_layers must list 3 target layers, got {len(self.feature_layers)}")
+            # engines capture the layers in layer order: an unsorted list would silently permute fc's input columns
+            check(list(self.feature_layers) == sorted(set(self.feature_layers)),
+                  f"head.feature_layers must be 3 different layers in increasing order, got {list(self.feature_layers)}")
+
+    def resolve(self, num_layers: int, vocab_size: int) -> None:
+        """Fill the values derived from the target and check those that depend on it."""
+        if self.draft_layer is None:
+            self.draft_layer = "llama"
+        if self.feature_layers is None:
+            self.feature_layers = default_feature_layers(num_layers)
+        for layer in self.feature_layers:
+            check(0 <= layer < num_layers, f"head.feature_layers: layer {layer} does not exist (the target has {num_layers} layers)")
+        if self.draft_vocab_size is None:
+            self.draft_vocab_size = min(32000, vocab_size)
+        check_draft_vocab(self.draft_vocab_size, vocab_size)
+
+    @property
+    def depth(self) -> int:
+        return MAX_TTT_STEPS  # autoregressive: any draft depth
+
+
+def default_feature_layers(num_layers: int) -> list[int]:
+    """The layers whose outputs EAGLE-3 fuses by default: the inputs of layers (2, N//2, N-3), which vLLM, SGLang,
+    SpecForge and llama.cpp capture when a drafter names none; on targets too shallow for three different ones of
+    those, three spread over the layers below the last."""
+    engines = [2 - 1, num_layers // 2 - 1, num_layers - 3 - 1]
+    if len(set(engines)) == 3 and engines[0] < engines[1] < engines[2]:
+        return engines
+    check(num_layers >= 3, f"EAGLE-3 fuses three different target layers; this target has only {num_layers}")
+    return [0, (num_layers - 1) // 2, num_layers - 2] if num_layers >= 4 else [0, 1, 2]
 
 
 class Eagle3Drafter(nn.Module):
@@ -45,7 +101,7 @@ class Eagle3Drafter(nn.Module):
 
     trains_target = False
 
-    def __init__(self, config: EagleConfig, target_config):
+    def __init__(self, config: Eagle3Config, target_config):
         super().__init__()
         dims = target_dims(target_config)
         hidden = dims.hidden_size
@@ -64,11 +120,13 @@ class Eagle3Drafter(nn.Module):
         self.norm = make_norm(self.layer, hidden, eps)
         self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
         self.vocab = DraftVocabulary(self, config.draft_vocab_size, dims.vocab_size)
+        self.default_tree = parse_tree(config.default_tree)
+        self.files = WeightsOnly(self)
         bind_frozen(self, _lm_head=None)
         self.reset()
 
     @classmethod
-    def from_target(cls, target_config, cfg: EagleConfig) -> "Eagle3Drafter":
+    def from_target(cls, target_config, cfg: Eagle3Config) -> "Eagle3Drafter":
         return cls(cfg, target_config)
 
     def bind(self, target) -> "Eagle3Drafter":
@@ -126,30 +184,17 @@ class Eagle3Drafter(nn.Module):
         if self._lm_head is not None:
             self.lm_head.weight.copy_(self._lm_head.weight[chosen])
 
-    def saved_module(self) -> nn.Module:
-        return self
-
-    def save_extras(self, folder) -> None:
-        """Everything is in the weights file."""
-
-    def load_extras(self, folder) -> None:
-        """Everything is in the weights file."""
-
     # ---- drafting (core/drafter.py: Drafter) ----------------------------------------------------
 
     def reset(self) -> None:
         self._drafting = LayerDrafting()
 
-    def default_tree(self) -> Tree | DynamicTreeSpec:
-        return parse_tree(self.config.default_tree)
-
     def observe(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Append committed positions: features [b, n, 4H], the token after each [b, n]."""
         self._drafting.observe(self, features, next_tokens)
 
-    def propose(self, tree=None, *, temperature=0.0, top_k=0, top_p=1.0, generator=None):
+    def propose(self, tree: Tree | DynamicTreeSpec, *, temperature=0.0, top_k=0, top_p=1.0, generator=None):
         """Draft a static tree level by level, or an EAGLE-2 dynamic tree (one sequence)."""
-        tree = parse_tree(tree) if tree is not None else self.default_tree()
         return self._drafting.propose(self, tree, Sampling(temperature, top_k, top_p, generator))
 
 

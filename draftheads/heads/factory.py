@@ -1,16 +1,16 @@
 """Building a drafter, the one way every caller does it (the API, training, the drafter formats).
 
-    config = head_config({"type": "eagle", "ttt_steps": 2})   # a recipe's head: section, validated
-    drafter = bound_drafter(config, target)                   # resolved, bound, on the target's device and dtype
-    drafter = new_drafter(config, target.config)              # resolved, unbound: shapes only (export checks)
+    config = head_config({"type": "eagle3", "ttt_steps": 2})   # a recipe's head: section, validated
+    drafter = bound_drafter(config, target)                    # resolved, bound, on the target's device and dtype
+    drafter = new_drafter(config, target.config)               # resolved, unbound: shapes only (export checks)
 
-A recipe's head.type picks the config class (`HEAD_CONFIGS`); the config picks the module:
-EAGLE-3 and Medusa-2 are modules of their own, chosen by their config's flag.
+A head's `type` picks its config class and its module (`KINDS`): medusa, medusa2, eagle (EAGLE-1/2), eagle3, mtp.
 """
 
 from __future__ import annotations
 
 import copy
+import sys
 
 from draftheads.core.config import build, suggest
 from draftheads.core.drafter import TrainableDrafter
@@ -18,32 +18,52 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims
 from draftheads.heads.common import place_like
 from draftheads.heads.eagle import EagleConfig, EagleDrafter
-from draftheads.heads.eagle3 import Eagle3Drafter
+from draftheads.heads.eagle3 import Eagle3Config, Eagle3Drafter
 from draftheads.heads.medusa import MedusaConfig, MedusaDrafter
-from draftheads.heads.medusa2 import Medusa2Drafter
+from draftheads.heads.medusa2 import Medusa2Config, Medusa2Drafter
 from draftheads.heads.mtp import MTPConfig, MTPDrafter
 
-HEAD_CONFIGS = {"medusa": MedusaConfig, "eagle": EagleConfig, "mtp": MTPConfig}
-HeadConfig = MedusaConfig | EagleConfig | MTPConfig
+KINDS = {"medusa": (MedusaConfig, MedusaDrafter), "medusa2": (Medusa2Config, Medusa2Drafter),
+         "eagle": (EagleConfig, EagleDrafter), "eagle3": (Eagle3Config, Eagle3Drafter), "mtp": (MTPConfig, MTPDrafter)}
+HeadConfig = MedusaConfig | Medusa2Config | EagleConfig | Eagle3Config | MTPConfig
+
+# Before EAGLE-3 and Medusa-2 were kinds of their own they were flags of EAGLE's and Medusa's configs; a head
+# written that way (an older recipe or drafter folder) is read as its kind. Settings the kind does not have (the
+# other variant's, which that variant ignored) are dropped; Medusa-2's own settings lost their prefix.
+FLAGS = {("eagle", "eagle3"): "eagle3", ("medusa", "medusa2"): "medusa2"}
+OTHER_VARIANT = {"eagle": ("feature_layers", "draft_layer"), "eagle3": ("feature_loss_weight", "token_loss_weight"),
+                 "medusa": ("medusa2_loss", "medusa2_head_weight", "lora_r", "lora_alpha", "lora_dropout",
+                            "lora_target_modules"), "medusa2": ()}
+RENAMED = {"medusa2_loss": "target_loss", "medusa2_head_weight": "heads_weight"}
 
 
-def head_config(data, where: str = "head") -> HeadConfig:
+def upgrade_head(data: dict) -> tuple[dict, str | None]:
+    """A head section with an `eagle3:` or `medusa2:` flag as its kind, and a note saying so (None: nothing to do)."""
+    flag = next((f for (kind, f) in FLAGS if data.get("type") == kind and f in data), None)
+    if flag is None:
+        return data, None
+    kind = FLAGS[(data["type"], flag)] if data[flag] else data["type"]
+    head = {RENAMED.get(k, k): v for k, v in data.items() if k != flag and k not in OTHER_VARIANT[kind]}
+    head["type"] = kind
+    return head, f"note: head.{flag}: {str(data[flag]).lower()} is read as head.type: {kind}; write that instead"
+
+
+def head_config(data, where: str = "head", note=lambda line: print(line, file=sys.stderr)) -> HeadConfig:
     """A head config from a mapping with a `type` (a recipe's head: section, a saved config.json's head)."""
     if not isinstance(data, dict) or "type" not in data:
-        raise DraftheadsError(f"{where}: missing 'type'; use one of {', '.join(HEAD_CONFIGS)}")
+        raise DraftheadsError(f"{where}: missing 'type'; use one of {', '.join(KINDS)}")
+    data, upgraded = upgrade_head(data)
+    if upgraded:
+        note(upgraded)
     kind = data["type"]
-    if kind not in HEAD_CONFIGS:
-        raise DraftheadsError(f"{where}.type: unknown head type '{kind}'{suggest(str(kind), HEAD_CONFIGS)}; "
-                              f"use one of {', '.join(HEAD_CONFIGS)}")
-    return build(HEAD_CONFIGS[kind], data, where)
+    if kind not in KINDS:
+        raise DraftheadsError(f"{where}.type: unknown head type '{kind}'{suggest(str(kind), KINDS)}; "
+                              f"use one of {', '.join(KINDS)}")
+    return build(KINDS[kind][0], data, where)
 
 
 def drafter_class(config: HeadConfig) -> type:
-    if isinstance(config, EagleConfig):
-        return Eagle3Drafter if config.eagle3 else EagleDrafter
-    if isinstance(config, MedusaConfig):
-        return Medusa2Drafter if config.medusa2 else MedusaDrafter
-    return MTPDrafter
+    return KINDS[config.type][1]
 
 
 def new_drafter(config: HeadConfig, target_config) -> TrainableDrafter:

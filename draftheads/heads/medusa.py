@@ -4,7 +4,7 @@ with Multiple Decoding Heads".
 h_t [b, s, H] (target's last hidden state, after its final norm)
   -> head k: num_layers residual blocks y + SiLU(W y + b) -> lm head -> logits for x_{t+k+1}
 
-Medusa-2 (joint LoRA training of the target) lives in heads/medusa2.py.
+Medusa-2 (`type: medusa2`, joint LoRA training of the target) lives in heads/medusa2.py.
 """
 
 from __future__ import annotations
@@ -20,16 +20,10 @@ from draftheads.core.drafter import Proposal
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.sampling import drawable, pick_children, warp_probs
 from draftheads.core.target_dims import target_dims
-from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
-from draftheads.heads.common import (
-    DepthMetrics,
-    TargetDistribution,
-    batch_features,
-    bind_frozen,
-    masked_ce,
-    mean_loss,
-)
-from draftheads.heads.draft_vocab import vocabulary
+from draftheads.core.tree import DynamicTreeSpec, Tree
+from draftheads.heads.common import DepthMetrics, TargetDistribution, batch_features, bind_frozen, masked_ce, mean_loss
+from draftheads.heads.draft_vocab import check_draft_vocab, vocabulary
+from draftheads.heads.files import WeightsOnly
 
 MAX_HEADS = 10
 
@@ -49,32 +43,29 @@ class MedusaConfig:
     draft_vocab_size: int | None = doc(None, "draft only among this many most frequent target-generated tokens: through the "
                                              "target lm_head's rows for them ('shared'), or with own lm heads of only those "
                                              "rows, started from the target's ('own') (default: the full vocabulary)")
-    medusa2: bool = doc(False, "Medusa-2: train LoRA on the target jointly with the heads")
-    medusa2_loss: Literal["lm", "kl"] = doc("lm", "Medusa-2 target loss: next-token CE, or KL to the adapter-disabled target")
-    medusa2_head_weight: float = doc(0.2, "Medusa-2: weight of the heads' loss next to the target loss")
-    head_lr: float | None = doc(None, "Medusa-2: learning rate of the heads (default: 4x train.lr)")
-    lora_r: int = doc(16, "Medusa-2 LoRA rank")
-    lora_alpha: int = doc(32, "Medusa-2 LoRA alpha")
-    lora_dropout: float = doc(0.05, "Medusa-2 LoRA dropout")
-    lora_target_modules: list[str] = doc(["q_proj", "k_proj", "v_proj", "o_proj"], "Medusa-2 LoRA target module names")
+    head_lr: float | None = doc(None, "learning rate of the heads (default: train.lr)")
     init_from: str | None = doc(None, "start from an existing drafter (native or an engine/public layout)")
 
     def __post_init__(self):
-        check(1 <= self.num_heads <= MAX_HEADS, f"head.num_heads must be between 1 and {MAX_HEADS}, got {self.num_heads}")
-        check(1 <= self.num_layers <= 8, f"head.num_layers must be between 1 and 8, got {self.num_layers}")
-        check(0 < self.loss_decay <= 1, f"head.loss_decay must be in (0, 1], got {self.loss_decay}")
-        check(self.medusa2_head_weight > 0, "head.medusa2_head_weight must be positive")
-        check(self.head_lr is None or self.head_lr > 0, f"head.head_lr must be positive, got {self.head_lr}")
-        check(self.lora_r > 0, f"head.lora_r must be positive, got {self.lora_r}")
-        check(0 <= self.lora_dropout < 1, f"head.lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        check_heads(self)
 
     def resolve(self, num_layers: int, vocab_size: int) -> None:
-        """Nothing to derive: hidden size and vocabulary come from the target's config when built."""
+        """Check what depends on the target (hidden size and vocabulary come from its config when built)."""
+        check_draft_vocab(self.draft_vocab_size, vocab_size)
 
     @property
     def depth(self) -> int:
         """How many tokens past the target's own next token this drafter can propose."""
         return self.num_heads
+
+
+def check_heads(config) -> None:
+    """The heads' settings, as Medusa and Medusa-2 configs both hold them."""
+    check(1 <= config.num_heads <= MAX_HEADS, f"head.num_heads must be between 1 and {MAX_HEADS}, got {config.num_heads}")
+    check(1 <= config.num_layers <= 8, f"head.num_layers must be between 1 and 8, got {config.num_layers}")
+    check(0 < config.loss_decay <= 1, f"head.loss_decay must be in (0, 1], got {config.loss_decay}")
+    check(config.head_lr is None or config.head_lr > 0, f"head.head_lr must be positive, got {config.head_lr}")
+    check(config.draft_vocab_size is None or config.draft_vocab_size > 0, "head.draft_vocab_size must be positive")
 
 
 # A static Medusa-style tree (48 drafts, depth <= 5), chosen greedily by expected accepted length
@@ -130,6 +121,8 @@ class MedusaDrafter(nn.Module):
             # False until bind() copies the target's lm_head in; a loaded drafter carries True.
             self.register_buffer("lm_heads_initialised", torch.tensor(False))
         self.vocab = vocabulary(self, config.draft_vocab_size, vocab_size)
+        self.default_tree = Tree.from_paths([p for p in DEFAULT_TREE_PATHS if len(p) <= config.num_heads])
+        self.files = WeightsOnly(self)
         bind_frozen(self, _lm_head=None, _feature=None, _pending=None)
 
     @classmethod
@@ -224,19 +217,6 @@ class MedusaDrafter(nn.Module):
         heads = [p for p in self.parameters() if p.requires_grad]
         return [{"params": heads, "lr": self.config.head_lr or lr}]
 
-    def adapted_target(self):
-        """Only Medusa-2 drafters (heads/medusa2.py) adapt the target."""
-        raise DraftheadsError("adapted_target() only applies to Medusa-2 drafters (head.medusa2: true)")
-
-    def saved_module(self) -> nn.Module:
-        return self
-
-    def save_extras(self, folder) -> None:
-        """Everything is in the weights file."""
-
-    def load_extras(self, folder) -> None:
-        """Everything is in the weights file."""
-
     # ---- drafting (core/drafter.py: Drafter) ---------------------------------------
 
     def reset(self) -> None:
@@ -246,11 +226,9 @@ class MedusaDrafter(nn.Module):
         """Keep only the newest position: Medusa heads read h_t alone. features [b, n, H], next_tokens [b, n]."""
         bind_frozen(self, _feature=features[:, -1].to(self.dtype), _pending=next_tokens[:, -1])
 
-    def default_tree(self) -> Tree:
-        return Tree.from_paths([p for p in DEFAULT_TREE_PATHS if len(p) <= self.config.num_heads])
-
     @torch.no_grad()
-    def propose(self, tree=None, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, generator=None) -> Proposal:
+    def propose(self, tree: Tree | DynamicTreeSpec, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                generator=None) -> Proposal:
         """Fill a static tree: a node at depth d with rank r gets head d's r-th token.
 
         Every node of a depth shares head d's distribution (Medusa's Cartesian-product tree), so
@@ -282,8 +260,7 @@ class MedusaDrafter(nn.Module):
         q_by_depth = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)  # [b, D + 1, V]
         return Proposal(tree, tokens, q_by_depth[:, tree.depth_tensor.to(q.device)])
 
-    def _check_tree(self, tree) -> Tree:
-        tree = self.default_tree() if tree is None else parse_tree(tree)
+    def _check_tree(self, tree: Tree | DynamicTreeSpec) -> Tree:
         if isinstance(tree, DynamicTreeSpec):
             raise DraftheadsError("Medusa heads cannot build dynamic trees; give a static tree (e.g. chain:K or index paths)")
         if tree.depth > self.config.num_heads:

@@ -21,22 +21,10 @@ from draftheads.core.drafter import Proposal
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims, text_config
 from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
-from draftheads.heads.common import (
-    DepthMetrics,
-    TargetDistribution,
-    batch_features,
-    bind_frozen,
-    masked_ce,
-    mean_loss,
-)
-from draftheads.heads.draft_tree import (
-    Sampling,
-    draft_dynamic,
-    draft_static,
-    lineage,
-    node_depth,
-)
-from draftheads.heads.draft_vocab import vocabulary
+from draftheads.heads.common import DepthMetrics, TargetDistribution, batch_features, bind_frozen, masked_ce, mean_loss
+from draftheads.heads.draft_tree import Sampling, draft_dynamic, draft_static, lineage, node_depth
+from draftheads.heads.draft_vocab import check_draft_vocab, vocabulary
+from draftheads.heads.files import WeightsOnly
 from draftheads.heads.layers import (
     KVCache,
     bind_parts,
@@ -75,7 +63,8 @@ class MTPConfig:
         parse_tree(self.default_tree, "head.default_tree")  # a bad or oversized tree is refused with the recipe, not at the first step
 
     def resolve(self, num_layers: int, vocab_size: int) -> None:
-        """Nothing to derive: the modules' sizes and class come from the target's config when built."""
+        """Check what depends on the target (the modules' sizes and class come from its config when built)."""
+        check_draft_vocab(self.draft_vocab_size, vocab_size)
 
 
 class MTPModule(nn.Module):
@@ -109,6 +98,8 @@ class MTPDrafter(nn.Module):
         self.hidden_size, self.vocab_size = dims.hidden_size, dims.vocab_size
         self.blocks = nn.ModuleList(MTPModule(target_config) for _ in range(config.depth))
         self.vocab = vocabulary(self, config.draft_vocab_size, dims.vocab_size)
+        self.default_tree = parse_tree(config.default_tree) if config.default_tree else Tree.chain(config.depth)
+        self.files = WeightsOnly(self)
         bind_frozen(self, _lm_head=None)
         self.reset()
 
@@ -180,15 +171,6 @@ class MTPDrafter(nn.Module):
         """Draft among the draft_vocab_size tokens most frequent in token_counts [V] (ties: lower id first)."""
         self.vocab.choose(token_counts)
 
-    def saved_module(self) -> nn.Module:
-        return self
-
-    def save_extras(self, folder) -> None:
-        """Everything is in the weights file."""
-
-    def load_extras(self, folder) -> None:
-        """Everything is in the weights file."""
-
     # ---- drafting (the Drafter protocol) -------------------------------------------------------
     #
     # With n committed positions (tokens x_1..x_n, x_n pending), module k can cache the positions
@@ -202,9 +184,6 @@ class MTPDrafter(nn.Module):
         self._caches = [KVCache() for _ in self.blocks]
         self._inbox: list[torch.Tensor | None] = [None] * len(self.blocks)  # h^{k-1} not yet fed to module k
         self._root_out: torch.Tensor | None = None  # [b, H] h^1 at position n - 1
-
-    def default_tree(self) -> Tree | DynamicTreeSpec:
-        return parse_tree(self.config.default_tree) if self.config.default_tree else Tree.chain(self.config.depth)
 
     def _committed(self, k: int) -> int:
         """Positions module k (1-based) holds for committed tokens: t <= n - k."""
@@ -234,11 +213,10 @@ class MTPDrafter(nn.Module):
                     self._root_out = incoming[:, -1]
 
     @torch.no_grad()
-    def propose(self, tree=None, *, temperature=0.0, top_k=0, top_p=1.0, generator=None) -> Proposal:
+    def propose(self, tree: Tree | DynamicTreeSpec, *, temperature=0.0, top_k=0, top_p=1.0, generator=None) -> Proposal:
         """Draft a tree of depth <= D: depth k from module k (a chain of D by default)."""
         if self._root_out is None:
             raise ValueError("observe the prompt before calling propose")
-        tree = parse_tree(tree) if tree is not None else self.default_tree()
         if tree.depth > self.config.depth:
             raise DraftheadsError(
                 f"an MTP drafter with head.depth={self.config.depth} drafts at most {self.config.depth} tokens ahead, "

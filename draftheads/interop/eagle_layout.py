@@ -20,7 +20,7 @@ import torch
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims
 from draftheads.heads import draft_vocab
-from draftheads.heads.eagle import default_feature_layers
+from draftheads.heads.eagle3 import default_feature_layers
 from draftheads.heads.layers import full_attention_rope
 from draftheads.interop.layout import Tensor
 
@@ -213,7 +213,7 @@ def layer_biases(state: dict, prefix: str = "layer.") -> tuple[bool, bool]:
 
 def eagle3_fields(s, aux_ids: list[int]) -> dict:
     """The EAGLE-3 fields every engine's config.json carries, for a SavedDrafter `s`."""
-    return {"draft_vocab_size": s.head["draft_vocab_size"], "target_hidden_size": s.config["target"]["hidden_size"],
+    return {"draft_vocab_size": s.head.draft_vocab_size, "target_hidden_size": s.config["target"]["hidden_size"],
             "norm_before_residual": False, "eagle_aux_hidden_state_layer_ids": aux_ids}
 
 
@@ -238,7 +238,7 @@ def read_eagle3(config: dict, tensors: dict, target) -> tuple[dict, dict]:
         state["d2t"] = torch.zeros(size, dtype=torch.long)
     if "t2d" not in state:
         state["t2d"] = draft_vocab.members(state["d2t"], vocab)
-    head = {"type": "eagle", "eagle3": True, "feature_layers": layers, "draft_vocab_size": size}
+    head = {"type": "eagle3", "feature_layers": layers, "draft_vocab_size": size}
     if has_own_layer(state):
         head["draft_layer"] = "target"
     return head, state

@@ -23,18 +23,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from draftheads.core.config import suggest
+from draftheads.core.config import suggest, to_dict
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import write_folder
-from draftheads.core.run_folder import (
-    BEST,
-    DATA_MARKER,
-    DRAFTER,
-    FINAL,
-    incomplete_checkpoints,
-    list_checkpoints,
-)
-from draftheads.heads.factory import head_config, new_drafter
+from draftheads.core.run_folder import BEST, DATA_MARKER, DRAFTER, FINAL, incomplete_checkpoints, list_checkpoints
+from draftheads.heads.factory import new_drafter
 from draftheads.interop import deepseek_mtp, llama_cpp, sglang, speculators, tgi, vllm
 from draftheads.interop.layout import Layout
 from draftheads.interop.native import CONFIG, PROVENANCE, WEIGHTS, SavedDrafter
@@ -48,7 +41,7 @@ FOLDER_FORMATS = ("llama.cpp",)
 # converter defaults to half precision
 DEFAULT_DTYPES = {"llama.cpp": "fp16"}
 FORMATS = ("native", *ENGINES)
-LABELS = {"eagle3": "EAGLE-3", "eagle": "EAGLE", "medusa": "Medusa", "mtp": "MTP"}
+LABELS = {"eagle3": "EAGLE-3", "eagle": "EAGLE", "medusa": "Medusa", "medusa2": "Medusa-2", "mtp": "MTP"}
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -75,7 +68,7 @@ def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dty
     saved = SavedDrafter.read(src, target, dtype=DTYPES.get(dtype), speculative_tokens=speculative_tokens)
     out = Path(out).expanduser()
     check_out(out, fmt, saved, overwrite)
-    provenance = {"format": fmt, "source": str(saved.folder), "head": saved.head, "target": saved.config.get("target"),
+    provenance = {"format": fmt, "source": str(saved.folder), "head": to_dict(saved.head), "target": saved.config.get("target"),
                   "feature_layers": saved.config.get("feature_layers")}
     if fmt == "native":
         validate_native(saved)
@@ -157,12 +150,11 @@ def previous_export(folder: Path) -> str | None:
 
 def validate_native(saved: SavedDrafter) -> None:
     """The folder must be loadable: its head config builds and its tensors match that head."""
-    config = head_config(dict(saved.head))
     try:
         target_config = saved.target_config()
     except DraftheadsError:
         return  # nothing to build against: the config and tensors parsed, which is all we can check
-    expected = {k: tuple(v.shape) for k, v in new_drafter(config, target_config).saved_module().state_dict().items()}
+    expected = {k: tuple(v.shape) for k, v in new_drafter(saved.head, target_config).files.module.state_dict().items()}
     found = {k: tuple(v.shape) for k, v in saved.state.items()}
     if expected != found:
         diff = sorted(set(expected.items()) ^ set(found.items()))[:3]
@@ -182,12 +174,12 @@ def refusal(saved: SavedDrafter, fmt: str) -> str | None:
     family = saved.layer_family if kind == "eagle3" else saved.family   # EAGLE-3 engines build the drafter's layer class
     if fmt == "native":
         return None
+    if kind == "medusa2":
+        return "Medusa-2 heads read the LoRA-adapted target, which engines do not build; merge the adapter into the target first"
     layout = find_layout(fmt, kind)
     if layout is None:
         loads = sorted({LABELS[other.kind] for other in ENGINES[fmt].LAYOUTS if other.kind in LABELS})
         return f"{fmt} has no loader for {LABELS[kind]} drafters (it loads {', '.join(loads)} drafters only)"
-    if kind == "medusa" and saved.head.get("medusa2"):
-        return "Medusa-2 heads read the LoRA-adapted target, which engines do not build; merge the adapter into the target first"
     if layout.families and family not in layout.families:
         if kind == "eagle3":
             return (f"{layout.engine} has no EAGLE-3 class for a {family} draft layer (it builds {', '.join(layout.families)} "

@@ -196,7 +196,7 @@ def hyperparameters(saved: SavedDrafter, layer, head_dim: int) -> dict:
         "context_length": int(getattr(layer, "max_position_embeddings", 0) or 4096),
         "rope.freq_base": float(theta), "rope.dimension_count": head_dim, "vocab_size": int(saved.config["target"]["vocab_size"]),
         # llama.cpp captures the INPUT of each listed layer: our layer l's output is the input of layer l + 1
-        "target_layers": [layer_id + 1 for layer_id in saved.head["feature_layers"]],
+        "target_layers": [layer_id + 1 for layer_id in saved.head.feature_layers],
         "target_hidden_size": int(saved.config["target"]["hidden_size"]),
         "norm_before_residual": False, "norm_before_fc": False,
     }

@@ -18,24 +18,14 @@ import torch
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.heads.common import place_like
-from draftheads.heads.factory import head_config, new_drafter
+from draftheads.heads.factory import head_config, new_drafter, upgrade_head
 from draftheads.interop import tgi, vllm
-from draftheads.interop.eagle_layout import (
-    EAGLE3_ARCHS,
-    EAGLE_ARCHS,
-    eagle_from_engine,
-    read_eagle3,
-)
-from draftheads.interop.native import (
-    FORMAT,
-    PROVENANCE,
-    load_native,
-    read_config,
-    read_weights,
-    resolve_drafter_folder,
-)
+from draftheads.interop.eagle_layout import EAGLE3_ARCHS, EAGLE_ARCHS, eagle_from_engine, read_eagle3
+from draftheads.interop.native import FORMAT, PROVENANCE, load_native, read_config, read_weights, resolve_drafter_folder
 
-STRUCTURE = {"medusa": ("type", "num_heads", "num_layers", "lm_head", "draft_vocab_size"), "eagle": ("type", "eagle3", "feature_layers", "draft_vocab_size")}
+# what a folder's own tensors and config say of the head, beside which a provenance record's settings are not read
+STRUCTURE = {"medusa": ("type", "num_heads", "num_layers", "lm_head", "draft_vocab_size"),
+             "eagle": ("type", "draft_vocab_size"), "eagle3": ("type", "feature_layers", "draft_vocab_size")}
 
 
 def load_drafter(path, target):
@@ -59,9 +49,9 @@ def import_drafter(folder: Path, config: dict, target):
     elif layout == "eagle3":
         head, state = read_eagle3(config, tensors, target)
     else:
-        head, state = {"type": "eagle", "eagle3": False}, tensors
+        head, state = {"type": "eagle"}, tensors
     drafter = new_drafter(head_config(with_saved_settings(folder, head)), target.config)
-    weights = drafter.saved_module()
+    weights = drafter.files.module
     if layout == "eagle":
         state = eagle_from_engine(state, set(weights.state_dict()))
     load_strict(weights, state, folder)
@@ -119,7 +109,7 @@ def with_saved_settings(folder: Path, head: dict) -> dict:
     record = folder / PROVENANCE
     if not record.is_file():
         return head
-    saved = json.loads(record.read_text()).get("head") or {}
+    saved, _ = upgrade_head(json.loads(record.read_text()).get("head") or {})   # written before eagle3 was a kind
     if saved.get("type") != head["type"]:
         return head
     structure = STRUCTURE[head["type"]]

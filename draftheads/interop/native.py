@@ -32,7 +32,7 @@ from draftheads.core.targets import locate_target
 from draftheads.core.tree import parse_tree
 from draftheads.core.version import __version__
 from draftheads.heads.common import place_like
-from draftheads.heads.factory import head_config, new_drafter
+from draftheads.heads.factory import HeadConfig, head_config, new_drafter, upgrade_head
 from draftheads.heads.layers import llama_layer_config
 
 FORMAT = "draftheads"
@@ -61,8 +61,8 @@ def save_drafter(drafter: TrainableDrafter, folder, target=None, extra: dict | N
     """Write the drafter to `folder` atomically (a temporary sibling folder, then a rename)."""
 
     def fill(tmp: Path) -> None:
-        save_file(own_state_dict(drafter.saved_module()), str(tmp / WEIGHTS), metadata={"format": "pt"})
-        drafter.save_extras(tmp)
+        save_file(own_state_dict(drafter.files.module), str(tmp / WEIGHTS), metadata={"format": "pt"})
+        drafter.files.save_extras(tmp)
         config = {
             "format": FORMAT,
             "draftheads_version": __version__,
@@ -118,22 +118,23 @@ def read_config(folder: Path) -> dict:
         raise DraftheadsError(f"{folder / CONFIG} is not valid JSON ({e.msg} at line {e.lineno}); re-export the drafter") from None
 
 
-def saved_head(config: dict) -> dict:
-    """A native config.json's head section, with what folders saved before a setting existed were built with:
-    EAGLE-3 layers of the target's class before head.draft_layer (a Llama layer by default since)."""
-    head = dict(config.get("head") or {})
-    if head.get("type") == "eagle" and head.get("eagle3") and "draft_layer" not in head:
+def saved_head(config: dict, folder: Path) -> HeadConfig:
+    """A native config.json's head section as its config, read as folders saved before a change were built: EAGLE-3
+    and Medusa-2 as flags of EAGLE's and Medusa's configs (heads/factory.py: upgrade_head), EAGLE-3 layers of the
+    target's class before head.draft_layer existed (a Llama layer by default since)."""
+    head, _ = upgrade_head(dict(config.get("head") or {}))
+    if head.get("type") == "eagle3" and "draft_layer" not in head:
         head["draft_layer"] = "target"
-    return head
+    return head_config(head, f"{folder / CONFIG}: head")
 
 
 def load_native(folder: Path, config: dict, target):
     """A native drafter, checked against `target`, bound to it and placed on its device/dtype."""
     check_target(config.get("target"), target, folder)
-    drafter = new_drafter(head_config(saved_head(config), f"{folder / CONFIG}: head"), target.config)
-    load_weights(drafter.saved_module(), folder / WEIGHTS)
+    drafter = new_drafter(saved_head(config, folder), target.config)
+    load_weights(drafter.files.module, folder / WEIGHTS)
     drafter.bind(target)
-    drafter.load_extras(folder)
+    drafter.files.load_extras(folder)
     return place_like(drafter, target)
 
 
@@ -184,6 +185,7 @@ class SavedDrafter:
 
     folder: Path
     config: dict  # the native config.json
+    head: HeadConfig  # its head section, typed
     state: dict[str, torch.Tensor]
     target_ref: object  # a loaded model, a path / hub id, or None (use the recorded target name)
     speculative_tokens_given: int | None = None
@@ -201,16 +203,12 @@ class SavedDrafter:
         state = read_weights(folder / WEIGHTS)
         if dtype is not None:
             state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-        return cls(folder, config, state, target_ref, speculative_tokens)
-
-    @property
-    def head(self) -> dict:
-        return saved_head(self.config)
+        return cls(folder, config, saved_head(config, folder), state, target_ref, speculative_tokens)
 
     @property
     def kind(self) -> str:
-        """medusa, eagle, eagle3 or mtp: what engine layouts are listed by."""
-        return "eagle3" if self.head["type"] == "eagle" and self.head.get("eagle3") else self.head["type"]
+        """medusa, medusa2, eagle, eagle3 or mtp: what engine layouts are listed by."""
+        return self.head.type
 
     @property
     def family(self) -> str | None:
@@ -219,7 +217,7 @@ class SavedDrafter:
     @property
     def layer_family(self) -> str | None:
         """The model type of the drafter's decoder layer: llama for EAGLE-3's Llama layer, else the target's."""
-        return "llama" if self.head.get("draft_layer") == "llama" else self.family
+        return "llama" if self.kind == "eagle3" and self.head.draft_layer == "llama" else self.family
 
     @property
     def dtype(self) -> torch.dtype:
@@ -232,13 +230,11 @@ class SavedDrafter:
         if self.speculative_tokens_given:
             return self.speculative_tokens_given
         h = self.head
-        if self.kind == "eagle3" and h.get("ttt_steps", 1) > 1:
-            return int(h["ttt_steps"])
-        if self.kind == "medusa":
-            return int(h["num_heads"])
-        if self.kind == "mtp":
-            return int(h["depth"])
-        return parse_tree(h.get("default_tree") or "chain:5").depth
+        if self.kind == "eagle3" and h.ttt_steps > 1:
+            return h.ttt_steps
+        if self.kind in ("medusa", "medusa2", "mtp"):
+            return h.depth
+        return parse_tree(h.default_tree).depth
 
     def target_name(self) -> str | None:
         if isinstance(self.target_ref, (str, os.PathLike)):
@@ -264,7 +260,7 @@ class SavedDrafter:
         """The config of the drafter's decoder layer as the engines build it: the Llama layer EAGLE-3 uses by default
         (the target's sizes and rope, SiLU, no biases or q/k norms), else the target's own."""
         target = self.target_config()
-        return llama_layer_config(target) if self.head.get("draft_layer") == "llama" else target
+        return llama_layer_config(target) if self.kind == "eagle3" and self.head.draft_layer == "llama" else target
 
     def target_lm_head(self) -> torch.Tensor:
         """[V, H] the target's output-embedding weight (engines without a shared lm_head need a copy)."""

@@ -74,8 +74,8 @@ def write_eagle3(s: SavedDrafter):
     """LlamaForCausalLMEagle3 with midlayer.* names and SGLang's aux-layer numbering (in eagle_config)."""
     # SGLang adds 1 itself to ids given in eagle_config: they name the layers whose OUTPUT is read. The top-level key,
     # in the hidden-state numbering of vLLM and llama.cpp's converter, serves tools that read this folder with those.
-    extra = eagle3_fields(s, [layer + 1 for layer in s.head["feature_layers"]])
-    extra["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(s.head["feature_layers"])}
+    extra = eagle3_fields(s, [layer + 1 for layer in s.head.feature_layers])
+    extra["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(s.head.feature_layers)}
     config = engine_layer_config(s.layer_config(), "llama", ["LlamaForCausalLMEagle3"], s.dtype, **extra, tie_word_embeddings=False)
     return eagle3_to_engine(s.state, "midlayer."), config, "model.safetensors"
 

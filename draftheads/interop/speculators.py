@@ -4,12 +4,7 @@ tensor names are the public EAGLE-3 layout's under `layers.0.` (interop/eagle_la
 
 from __future__ import annotations
 
-from draftheads.interop.eagle_layout import (
-    eagle3_fields,
-    eagle3_tensors,
-    eagle3_to_engine,
-    engine_layer_config,
-)
+from draftheads.interop.eagle_layout import eagle3_fields, eagle3_tensors, eagle3_to_engine, engine_layer_config
 from draftheads.interop.layout import SPECULATORS, VLLM, Layout, LoaderFile
 from draftheads.interop.native import SavedDrafter
 
@@ -56,7 +51,7 @@ def write_eagle3(s: SavedDrafter):
     config = {
         "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "speculators_version": SPECULATORS_VERSION,
         "transformer_layer_config": layer,
-        **eagle3_fields(s, [layer_id + 1 for layer_id in s.head["feature_layers"]]),  # vLLM's numbering
+        **eagle3_fields(s, [layer_id + 1 for layer_id in s.head.feature_layers]),  # vLLM's numbering
         "speculators_config": {
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": depth, "verifier_accept_k": 1, "accept_tolerance": 0.0}],

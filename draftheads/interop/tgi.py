@@ -73,9 +73,9 @@ def write_medusa(s: SavedDrafter):
     name = s.target_name()
     if not name:
         raise DraftheadsError("TGI loads the target from base_model_name_or_path, but the drafter records no target; pass --target HUB_ID_OR_PATH")
-    config = {"medusa_num_heads": h["num_heads"], "medusa_num_layers": h["num_layers"], "base_model_name_or_path": name,
+    config = {"medusa_num_heads": h.num_heads, "medusa_num_layers": h.num_layers, "base_model_name_or_path": name,
               "hidden_size": s.config["target"]["hidden_size"], "vocab_size": s.config["target"]["vocab_size"]}
-    return medusa_to_tgi(s.state, h["num_heads"], h["num_layers"]), config, "medusa_lm_head.safetensors"
+    return medusa_to_tgi(s.state, h.num_heads, h.num_layers), config, "medusa_lm_head.safetensors"
 
 
 def read_medusa(config: dict, tensors: dict) -> tuple[dict, dict]:
@@ -91,9 +91,9 @@ def read_medusa(config: dict, tensors: dict) -> tuple[dict, dict]:
 def refusal(saved: SavedDrafter) -> str | None:
     """Why TGI cannot load these Medusa heads (None: it can)."""
     head = saved.head
-    if head.get("lm_head") == "shared" and head.get("num_layers", 1) > 1:
+    if head.lm_head == "shared" and head.num_layers > 1:
         return "TGI shares the target's lm_head only with one block per head (MedusaHeadV2)"
-    if head.get("lm_head") == "own" and head.get("draft_vocab_size"):
+    if head.lm_head == "own" and head.draft_vocab_size:
         return "TGI's own Medusa lm heads cover the whole vocabulary, these only the draft vocabulary (head.draft_vocab_size)"
     return None
 

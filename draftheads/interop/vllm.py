@@ -137,18 +137,18 @@ def medusa_from_vllm(tensors: dict, num_heads: int, num_layers: int) -> dict:
 def write_medusa(s: SavedDrafter):
     """MedusaModel: the blocks, and the lm heads (one copy of the target's when shared; token_map for a draft vocabulary)."""
     h = s.head
-    tensors = medusa_to_vllm(s.state, h["num_heads"], h["num_layers"])
-    shared = h["lm_head"] == "shared"
+    tensors = medusa_to_vllm(s.state, h.num_heads, h.num_layers)
+    shared = h.lm_head == "shared"
     if shared:  # vLLM does not share the target's lm_head: one copy, used by every head
         tensors["lm_heads.0.weight"] = s.target_lm_head().to(s.dtype)
     target = s.config["target"]
     truncated = target["vocab_size"]
-    if not shared and h.get("draft_vocab_size"):  # own heads of the draft vocabulary's rows: vLLM's token_map
+    if not shared and h.draft_vocab_size:  # own heads of the draft vocabulary's rows: vLLM's token_map
         tensors["token_map"] = draft_vocab.ids(s.state["d2t"])
-        truncated = h["draft_vocab_size"]
+        truncated = h.draft_vocab_size
     config = {"architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": target["hidden_size"],
-              "vocab_size": target["vocab_size"], "truncated_vocab_size": truncated, "num_heads": h["num_heads"],
-              "num_hidden_layers": h["num_layers"], "medusa_fc_bias": True, "original_lm_head": shared,
+              "vocab_size": target["vocab_size"], "truncated_vocab_size": truncated, "num_heads": h.num_heads,
+              "num_hidden_layers": h.num_layers, "medusa_fc_bias": True, "original_lm_head": shared,
               "torch_dtype": str(s.dtype).removeprefix("torch.")}
     return tensors, config, "model.safetensors"
 
@@ -203,7 +203,7 @@ def write_eagle(s: SavedDrafter):
 def write_eagle3(s: SavedDrafter):
     """LlamaForCausalLMEagle3 with midlayer.* names and vLLM's aux-layer numbering."""
     # vLLM captures layer i's INPUT as aux id i: our layer l's output is id l + 1
-    extra = eagle3_fields(s, [layer + 1 for layer in s.head["feature_layers"]])
+    extra = eagle3_fields(s, [layer + 1 for layer in s.head.feature_layers])
     config = engine_layer_config(s.layer_config(), "llama", ["LlamaForCausalLMEagle3"], s.dtype, **extra, tie_word_embeddings=False)
     return eagle3_to_engine(s.state, "midlayer."), config, "model.safetensors"
 

@@ -27,14 +27,8 @@ import yaml
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import file_sha256, publish, staging_folder, staging_path
-from draftheads.core.run_folder import (
-    COMPLETE,
-    DRAFTER,
-    RECIPE_FILE,
-    STATE_FILE,
-    list_checkpoints,
-    step_dir,
-)
+from draftheads.core.run_folder import COMPLETE, DRAFTER, RECIPE_FILE, STATE_FILE, list_checkpoints, step_dir
+from draftheads.heads.factory import upgrade_head
 from draftheads.interop.native import save_drafter
 
 SCHEDULER_FILE = "scheduler.json"
@@ -222,6 +216,8 @@ def check_same_settings(folder: Path, recipe_dict: dict, defaults: dict | None =
     if not path.is_file():
         return
     saved = yaml.safe_load(path.read_text()) or {}
+    if isinstance(saved.get("head"), dict):   # saved before EAGLE-3 and Medusa-2 were head types of their own
+        saved["head"] = upgrade_head(saved["head"])[0]
     diff = changed_settings(saved, {k: v for k, v in recipe_dict.items() if k != "derived"}, defaults)
     if diff:
         shown = "; ".join(diff[:4]) + (f"; and {len(diff) - 4} more" if len(diff) > 4 else "")

@@ -31,13 +31,7 @@ from draftheads.training import batches as B
 from draftheads.training import checkpoint as C
 from draftheads.training.features import target_features
 from draftheads.training.metrics import DepthStats, flat_metrics
-from draftheads.training.setup import (
-    Run,
-    exportable_drafter,
-    make_accelerator,
-    release_accelerate_state,
-    setup,
-)
+from draftheads.training.setup import Run, exportable_drafter, make_accelerator, release_accelerate_state, setup
 from draftheads.training.trackers import start_trackers
 
 

@@ -121,7 +121,8 @@ def setup(recipe, accelerator, target=None, drafter=None) -> Run:
     """Target, drafter, data, optimizer and schedule, prepared; state restored from a checkpoint if resuming."""
     cfg = recipe.train
     if cfg.mode == "offline" and drafter_class(recipe.head).trains_target:
-        raise DraftheadsError("head.medusa2 trains LoRA on the target, so it cannot use cached features; set train.mode=online")
+        raise DraftheadsError("head.type medusa2 trains LoRA on the target, so it cannot use cached features; set "
+                              "train.mode=online")
     model = _target_model(recipe, accelerator, target)
     recipe.resolve(model.config)
     set_seed(cfg.seed)  # the drafter's initial weights depend on the seed only
@@ -214,7 +215,7 @@ def make_rowset(recipe, accelerator, model, drafter, rows, lengths) -> B.RowSet:
     if cfg.mode == "online":
         return B.RowSet(rows, cfg.max_length)
     if drafter.trains_target:
-        raise DraftheadsError("this drafter trains the target itself (head.medusa2: LoRA on the target), so it cannot use "
+        raise DraftheadsError("this drafter trains the target itself (Medusa-2: LoRA on the target), so it cannot use "
                               "cached features; set train.mode=online")
     layers = tuple(drafter.feature_layers)
     folder = Path(cfg.feature_cache) if cfg.feature_cache else (

@@ -5,15 +5,7 @@ import time
 import pytest
 
 from draftheads.core.errors import DraftheadsError
-from draftheads.core.tree import (
-    MAX_DEPTH,
-    MAX_NODES,
-    MAX_TOP_K,
-    AutoTreeSpec,
-    DynamicTreeSpec,
-    Tree,
-    parse_tree,
-)
+from draftheads.core.tree import MAX_DEPTH, MAX_NODES, MAX_TOP_K, AutoTreeSpec, DynamicTreeSpec, Tree, parse_tree
 
 
 def test_every_form_parses_and_answers_depth_and_num_nodes():

@@ -333,7 +333,7 @@ def test_raising_num_prompts_grows_the_folder_and_keeps_its_rows(tmp_path, targe
 
 
 def test_growing_self_prompts_writes_new_ones(tmp_path, target, monkeypatch):
-    from draftheads.data import prompts as prompts_mod
+    from draftheads.data import self_prompts as prompts_mod
 
     monkeypatch.setattr(prompts_mod, "check_self_prompt", lambda text, finished: None if text.strip() else "empty")
     recipe = make_recipe(tmp_path / "out", "self", num_prompts=3)
@@ -417,7 +417,7 @@ def test_dry_run_prints_three_bracketed_examples_and_writes_nothing(tmp_path, ta
 
 def test_self_prompts_end_to_end(tmp_path, target, monkeypatch):
     """With the 'self' source the target writes the prompts (stubbed filter: a random model writes noise)."""
-    from draftheads.data import prompts as prompts_mod
+    from draftheads.data import self_prompts as prompts_mod
 
     monkeypatch.setattr(prompts_mod, "check_self_prompt", lambda text, finished: None if text.strip() else "empty")
     recipe = make_recipe(tmp_path / "out", "self", num_prompts=5)

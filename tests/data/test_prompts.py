@@ -7,11 +7,10 @@ import pytest
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.data.datagen import DataConfig
-from draftheads.data.prompts import PromptSource
-from draftheads.data.prompts import (
-    Prompt, check_self_prompt, collect_prompts, detect_format, fill_quotas, is_degenerate, load_source,
-    quotas, read_prompts, row_to_prompt, save_prompts, self_prompts, trim_unfinished,
-)
+from draftheads.data.prompt_source import Prompt, PromptSource
+from draftheads.data.prompt_tables import detect_format, row_to_prompt
+from draftheads.data.prompts import collect_prompts, load_source, read_prompts, save_prompts
+from draftheads.data.self_prompts import check_self_prompt, fill_quotas, is_degenerate, quotas, self_prompts, trim_unfinished
 
 ROWS = {
     "sharegpt": {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"},

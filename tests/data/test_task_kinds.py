@@ -12,7 +12,9 @@ import pytest
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.data.datagen import DataConfig
-from draftheads.data.prompts import PromptSource, collect_prompts, kinds_prompts
+from draftheads.data.prompt_source import PromptSource
+from draftheads.data.prompts import collect_prompts
+from draftheads.data.self_prompts import kinds_prompts
 from draftheads.data.task_kinds import FOLLOW_UPS, GENERAL, INTO_ENGLISH, KINDS, LEADS, Writers, clean_passage, loops
 
 ARTICLE = ("The river town grew around a mill in {n}. Farmers brought grain from the hills, and traders came by "

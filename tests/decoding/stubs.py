@@ -39,6 +39,7 @@ class RandomDrafter:
         assert features.shape[:2] == next_tokens.shape
         self.pending = next_tokens[:, -1]
 
+    @property
     def default_tree(self):
         return self.tree
 
@@ -75,6 +76,7 @@ class OracleDrafter:
     def observe(self, features, next_tokens):
         self.history = (self.history or [self.first_token]) + next_tokens[0].tolist()
 
+    @property
     def default_tree(self):
         return self.tree
 

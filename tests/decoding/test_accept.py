@@ -7,13 +7,7 @@ import torch
 
 from draftheads.core.sampling import warp_probs
 from draftheads.core.tree import Tree
-from draftheads.decoding.accept import (
-    accept,
-    accept_greedy,
-    accept_typical,
-    longest_path,
-    typical_threshold,
-)
+from draftheads.decoding.accept import accept, accept_greedy, accept_typical, longest_path, typical_threshold
 from tests.decoding.test_strict import chi2_pvalue
 
 TREE = Tree.from_paths([(0,), (1,), (0, 0), (1, 0), (1, 0, 0)])   # nodes: 1=(0,) 2=(1,) 3=(0,0) 4=(1,0) 5=(1,0,0)

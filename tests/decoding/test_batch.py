@@ -14,8 +14,9 @@ from draftheads.core.tree import Tree
 from draftheads.decoding.combined import CombinedDrafter
 from draftheads.decoding.decoder import Decoder
 from draftheads.decoding.gate import GateCosts, LearnedGate
-from draftheads.decoding.generate import decode_settings, speculative_generate
+from draftheads.decoding.generate import speculative_generate
 from draftheads.decoding.lookup import PromptLookupDrafter
+from draftheads.decoding.settings import decode_settings
 from tests.decoding.stubs import OracleDrafter, RandomDrafter
 from tests.decoding.test_greedy import prompt_ids, target
 from tests.decoding.test_strict import P_MIN, chi2_pvalue, small_target, two_token_law
@@ -27,7 +28,7 @@ STATIC = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
 KINDS = {
     "medusa": lambda model: draftheads.build_drafter("medusa", model, num_heads=3),
     "eagle": lambda model: draftheads.build_drafter("eagle", model, draft_vocab_size=128),
-    "eagle3": lambda model: draftheads.build_drafter("eagle", model, eagle3=True, draft_vocab_size=128),
+    "eagle3": lambda model: draftheads.build_drafter("eagle3", model, draft_vocab_size=128),
     "mtp": lambda model: draftheads.build_drafter("mtp", model, depth=3),
     "lookup": lambda model: PromptLookupDrafter(),
     "combined": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model)),

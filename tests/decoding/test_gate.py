@@ -127,7 +127,7 @@ def test_learned_drafter_reading_skipped_positions_at_once_drafts_the_same():
     """While the gate keeps it off, the learned drafter is not run; when it drafts again it reads every position
     committed since in one pass, and drafts what it would have after reading them step by step."""
     model = target("llama")
-    eagle = draftheads.build_drafter("eagle", model, eagle3=True, draft_vocab_size=128)
+    eagle = draftheads.build_drafter("eagle3", model, draft_vocab_size=128)
     # 3-token matches only: none in random tokens, so no lookup chain is grafted on
     stepwise, combined = copy.copy(eagle), CombinedDrafter(copy.copy(eagle), PromptLookupDrafter(min_ngram=3))
     stepwise.reset(), combined.reset()

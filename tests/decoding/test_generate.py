@@ -111,7 +111,7 @@ def test_bad_api_inputs_are_one_line_errors():
     cases = [
         (dict(input_ids=[[1, 2, vocab]]), f"token id {vocab}, outside the target's vocabulary"),
         (dict(input_ids=[[1, -3, 2]]), "token id -3"),
-        (dict(input_ids=[[1, 2, 3]], accept="strict", temperature=float("nan")), "bad sampling settings"),
+        (dict(input_ids=[[1, 2, 3]], accept="strict", temperature=float("nan")), "temperature nan is not a finite number"),
         (dict(input_ids=[[1, 2, 3]], drafter=draftheads.build_drafter("medusa", other)), "built for a target with hidden size 32"),
         (dict(input_ids=[[1, 2, 3]], drafter=draftheads.build_drafter("eagle", other)), "built for a target with hidden size 32"),
     ]

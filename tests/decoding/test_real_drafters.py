@@ -16,7 +16,7 @@ VARIANTS = {
     "medusa-vocab": ("medusa", {"num_heads": 3, "draft_vocab_size": 128}),
     "eagle": ("eagle", {}),
     "eagle-vocab": ("eagle", {"draft_vocab_size": 128}),
-    "eagle3": ("eagle", {"eagle3": True, "draft_vocab_size": 128}),
+    "eagle3": ("eagle3", {"draft_vocab_size": 128}),
     "mtp": ("mtp", {"depth": 2}),
     "mtp-vocab": ("mtp", {"depth": 2, "draft_vocab_size": 128}),
 }

@@ -149,11 +149,7 @@ def draft(tree: Tree, temperature: float, sampled: bool, generator, sharpness: f
     from the drafter's Markov q, padded with q = 0 tokens where q underflowed (heads/draft_tree.py), on the
     gap-free tree (Tree.compacted) when sampled; else its deterministic top-k. sharpness scales the draft
     logits (a large one underflows q at low temperatures)."""
-    from draftheads.heads.draft_tree import (
-        Sampling,
-        child_distribution,
-        choose_children,
-    )
+    from draftheads.heads.draft_tree import Sampling, child_distribution, choose_children
 
     tree = tree.compacted() if sampled else tree
     sampling = Sampling(temperature, generator=generator if sampled else None)
@@ -346,11 +342,7 @@ def test_padded_children_of_an_underflowed_draft_are_point_masses():
     """T=0.1 and a 12-logit gap leave one token in q, so the second root child is a pad with q = 0. Taken as a
     draw from q (ratio r / 1e-30) it was accepted whenever the target gave it mass: emitted [.6, 0, .4, 0, ...]
     instead of p = [.6, 0, .3, .1, 0, 0]."""
-    from draftheads.heads.draft_tree import (
-        Sampling,
-        child_distribution,
-        choose_children,
-    )
+    from draftheads.heads.draft_tree import Sampling, child_distribution, choose_children
 
     law = torch.tensor([0.6, 0.0, 0.3, 0.1, 0.0, 0.0])
     rows, vocab = 200_000, len(law)
@@ -407,10 +399,10 @@ def test_every_drafter_drafts_a_gapped_tree_gap_free_when_sampling(kind, cfg):
     with torch.no_grad():
         features = target(ids, output_hidden_states=True).hidden_states[-1]
     drafter.observe(features, ids.roll(-1, dims=1))
-    gapped = [(0,), (2,), (0, 0), (2, 1)]
+    gapped = Tree.from_paths([(0,), (2,), (0, 0), (2, 1)])
     sampled = drafter.propose(gapped, temperature=1.0, generator=torch.Generator().manual_seed(1))
     assert sampled.tree.paths == ((0,), (1,), (0, 0), (1, 0)) and sampled.q is not None
-    assert drafter.propose(gapped).tree.paths == Tree.from_paths(gapped).paths  # top-k children: gaps are exact
+    assert drafter.propose(gapped).tree.paths == gapped.paths  # top-k children: gaps are exact
 
 
 def test_a_proposal_with_siblings_drawn_with_replacement_is_refused():

@@ -9,7 +9,8 @@ import torch
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import Tree
 from draftheads.decoding.decoder import Decoder
-from draftheads.decoding.generate import DecodeSettings, speculative_generate
+from draftheads.decoding.generate import speculative_generate
+from draftheads.decoding.settings import DecodeSettings
 from draftheads.decoding.verify import compact_cache, new_cache, prefill, verify
 from tests.decoding.stubs import OracleDrafter, RecordingDrafter
 from tests.decoding.test_greedy import prompt_ids, target

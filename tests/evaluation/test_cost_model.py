@@ -9,7 +9,8 @@ import torch
 
 import draftheads.evaluation.profile as profile_module
 from draftheads.core.tree import Tree
-from draftheads.decoding.generate import decode_settings, speculative_generate
+from draftheads.decoding.generate import speculative_generate
+from draftheads.decoding.settings import decode_settings
 from draftheads.evaluation.auto_tree import expected_accepted
 from draftheads.evaluation.cost_model import StepShape, fastest_tree, predict
 from draftheads.evaluation.profile import (

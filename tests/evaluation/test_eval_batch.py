@@ -9,25 +9,17 @@ import json
 import pytest
 
 import draftheads.evaluation.measure as measure_module
+from draftheads.core.config import build
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import Tree
-from draftheads.evaluation.evaluate import check_batch_settings, run_eval
-from draftheads.evaluation.measure import (
-    Conversation,
-    Entry,
-    RunConfig,
-    generate_conversations,
-    measure,
-)
+from draftheads.evaluation.conversations import Conversation
+from draftheads.evaluation.entries import Entry
+from draftheads.evaluation.eval_config import EvalConfig
+from draftheads.evaluation.evaluate import run_eval
+from draftheads.evaluation.measure import RunConfig, generate_conversations, measure
 from draftheads.evaluation.report import batch_curve, format_batch_table
 from tests.decoding.stubs import RandomDrafter
-from tests.evaluation.test_evaluate import (  # noqa: F401 (fixture)
-    PROMPTS,
-    eagle_run,
-    fixture,
-    md_table,
-    settings,
-)
+from tests.evaluation.test_evaluate import PROMPTS, eagle_run, fixture, md_table, settings  # noqa: F401 (fixture)
 
 
 def random_entry(model, tree=Tree.chain(3)) -> Entry:
@@ -114,8 +106,8 @@ def test_stops_paying_at_is_the_smallest_batch_size_below_one(speedups, stops):
 
 def test_run_eval_reports_the_speedup_vs_batch_curve(eagle_run, tmp_path, capsys):
     folder, prompts = eagle_run
-    out = run_eval([str(folder)], target_model=fixture(), prompts=str(prompts), accept=["greedy"], tree="chain:2",
-                   max_new_tokens=6, out=str(tmp_path / "eval"), batch_sizes=[2, 1], progress=False)
+    out = run_eval([str(folder)], EvalConfig(prompts=str(prompts), accept=["greedy"], tree="chain:2", max_new_tokens=6, batch_sizes=[2, 1]),
+                   target_model=fixture(), out=str(tmp_path / "eval"), progress=False)
     report = json.loads((out / "report.json").read_text())
     rows = report["results"]
     assert report["settings"]["batch_sizes"] == [1, 2] and report["settings"]["plain_above"] is None
@@ -137,20 +129,19 @@ def test_run_eval_reports_the_speedup_vs_batch_curve(eagle_run, tmp_path, capsys
 
 def test_batch_size_one_reports_as_before(eagle_run, tmp_path):
     folder, prompts = eagle_run
-    out = run_eval([str(folder)], target_model=fixture(), prompts=str(prompts), max_new_tokens=4,
-                   out=str(tmp_path / "eval"), progress=False)
+    out = run_eval([str(folder)], EvalConfig(prompts=str(prompts), max_new_tokens=4),
+                   target_model=fixture(), out=str(tmp_path / "eval"), progress=False)
     report = json.loads((out / "report.json").read_text())
     assert report["batch_curve"] == [] and sorted(report["plain"]) == ["greedy"]
     assert "speedup_vs_batch.png" not in report["plots"] and "Speedup vs batch" not in (out / "report.md").read_text()
 
 
 @pytest.mark.parametrize("sizes,plain_above,message", [
-    ([], None, "batch sizes must be whole numbers"),
-    ([1, 0], None, "batch sizes must be whole numbers"),
-    ([2.0], None, "batch sizes must be whole numbers"),
-    ([1], 0, "plain_above must be a whole number >= 1"),
+    ([], None, "batch_sizes .--batch-size. must be whole numbers"),
+    ([1, 0], None, "batch_sizes .--batch-size. must be whole numbers"),
+    ([2.0], None, "eval.batch_sizes.0.: expected int, got float"),
+    ([1], 0, "plain_above .--plain-above. must be a whole number >= 1"),
 ])
 def test_bad_batch_settings_are_refused(sizes, plain_above, message):
     with pytest.raises(DraftheadsError, match=message):
-        check_batch_settings(sizes, plain_above)
-    assert check_batch_settings([8, 1, 2, 2], 4) == [1, 2, 8]
+        build(EvalConfig, {"batch_sizes": sizes, "plain_above": plain_above}, "eval")

@@ -3,6 +3,7 @@ plain decoding (a wrong loop must show greedy mismatches), the report files agai
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 import json
@@ -13,28 +14,20 @@ import torch
 import draftheads.decoding.decoder as decoder_module  # the loop that calls the rule
 import draftheads.decoding.generate as generate_module
 import draftheads.evaluation.measure as measure_module
+from draftheads.core.config import build
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import AutoTreeSpec, Tree
 from draftheads.decoding.accept import Acceptance
 from draftheads.decoding.combined import CombinedDrafter, graft
 from draftheads.decoding.generate import speculative_generate
 from draftheads.decoding.stats import GenerationStats
-from draftheads.evaluation.evaluate import build_rows, run_eval
-from draftheads.evaluation.measure import (
-    Conversation,
-    Entry,
-    EvalSettings,
-    RunConfig,
-    measure,
-    plan_configs,
-    reply_logprob,
-)
-from draftheads.evaluation.report import (
-    TABLE_COLUMNS,
-    chain_speedup,
-    estimate_alpha,
-    summarise,
-)
+from draftheads.evaluation.conversations import Conversation, EvalSettings
+from draftheads.evaluation.entries import Entry
+from draftheads.evaluation.eval_config import EvalConfig
+from draftheads.evaluation.evaluate import run_eval
+from draftheads.evaluation.measure import RunConfig, measure, plan_configs, reply_logprob
+from draftheads.evaluation.report import TABLE_COLUMNS, chain_speedup, estimate_alpha, summarise
+from draftheads.evaluation.results import build_rows
 from tests.decoding.stubs import OracleDrafter, RandomDrafter
 from tests.fixtures import make_target, make_tokenizer
 
@@ -195,13 +188,15 @@ def test_switch_keeps_greedy_output_and_drafts_lookup_alone_in_a_loop():
 
 
 def test_combination_modes_and_their_spec_suffixes():
-    from draftheads.evaluation.evaluate import combined_modes, split_spec
+    from draftheads.evaluation.drafter_specs import split_spec
+
     assert split_spec("runs/x+lookup-switch") == ("runs/x", "switch") and split_spec("runs/x+lookup") == ("runs/x", "graft")
     assert split_spec("runs/x+lookup-gate") == ("runs/x", "gate") and split_spec("runs/x") == ("runs/x", None)
-    assert combined_modes(True) == ["graft"] and combined_modes("all") == ["graft", "switch", "gate"]
-    assert combined_modes(False) == [] and combined_modes("gate") == ["gate"]
-    with pytest.raises(DraftheadsError, match="--combined takes"):
-        combined_modes("both")
+    assert EvalConfig(combined="graft").combined_modes == ["graft"]
+    assert EvalConfig(combined="all").combined_modes == ["graft", "switch", "gate"]
+    assert EvalConfig().combined_modes == [] and EvalConfig(combined="gate").combined_modes == ["gate"]
+    with pytest.raises(DraftheadsError, match="eval.combined: 'both' is not one of"):
+        build(EvalConfig, {"combined": "both"}, "eval")
 
 
 # ---------------------------------------------------------------- measurement
@@ -328,9 +323,8 @@ def md_table(text: str) -> list[list[str]]:
 
 def test_run_eval_writes_consistent_report(eagle_run, tmp_path, capsys):
     folder, prompts = eagle_run
-    out = run_eval([str(folder)], target_model=fixture(), prompts=str(prompts), accept=["greedy", "strict"],
-                   temperatures=[1.0], tree="chain:2", max_new_tokens=6, out=str(tmp_path / "eval"), combined=True,
-                   progress=False)
+    out = run_eval([str(folder)], EvalConfig(prompts=str(prompts), accept=["greedy", "strict"], temperatures=[1.0], tree="chain:2", max_new_tokens=6, combined="graft"),
+                   target_model=fixture(), out=str(tmp_path / "eval"), progress=False)
     report = json.loads((out / "report.json").read_text())
     for key in ("created", "settings", "target", "environment", "drafters", "results", "plain", "plots", "prompt_count"):
         assert key in report
@@ -367,10 +361,14 @@ def test_run_eval_predicts_every_row_before_running_it_and_fits_trees_for_speed(
     real = measure_module.generate_conversations
     monkeypatch.setattr(measure_module, "generate_conversations", lambda m, t, convs, *a, **kw:
                         order.append([c.prompt_id for c in convs]) or real(m, t, convs, *a, **kw))
-    import draftheads.evaluation.evaluate as evaluate_module
-    monkeypatch.setattr(evaluate_module, "generate_conversations", measure_module.generate_conversations)
-    out = run_eval([str(folder), f"{folder}+lookup-gate"], target_model=fixture(), prompts=str(prompts), limit=1,
-                   tree="auto:6", max_new_tokens=6, out=str(tmp_path / "eval"), progress=False)
+    import draftheads.evaluation.calibration as calibration_module
+    import draftheads.evaluation.forecast as forecast_module
+
+    for module in (calibration_module, forecast_module):   # the calibration runs, made where they are fitted
+        monkeypatch.setattr(module, "generate_conversations", measure_module.generate_conversations)
+    config = EvalConfig(prompts=str(prompts), limit=1, tree="auto:6", max_new_tokens=6)
+    out = run_eval([str(folder), f"{folder}+lookup-gate"], config, target_model=fixture(), out=str(tmp_path / "eval"),
+                   progress=False)
     report = json.loads((out / "report.json").read_text())
     assert report["settings"]["calibration_prompts"] == [1]          # the prompt after the evaluated one
     for row in report["results"]:
@@ -389,11 +387,12 @@ def test_tau_from_an_earlier_report_feeds_the_prediction_of_matching_rows(eagle_
     """The earlier report's tau and nodes per step (not its timings) replace the calibration prompts' for rows with the
     same drafter, tree, rule and temperature; the other rows keep the calibration prompts' and say so."""
     folder, prompts = eagle_run
-    common = dict(target_model=fixture(), prompts=str(prompts), max_new_tokens=6, progress=False)
-    first = run_eval([str(folder)], tree="chain:2", out=str(tmp_path / "first"), **common)
+    run = dict(target_model=fixture(), progress=False)
+    config = EvalConfig(prompts=str(prompts), max_new_tokens=6, tree="chain:2")
+    first = run_eval([str(folder)], config, out=str(tmp_path / "first"), **run)
     earlier = json.loads((first / "report.json").read_text())["results"]
-    second = run_eval([str(folder)], tree="chain:2", accept=["greedy", "strict"], temperatures=[1.0],
-                      out=str(tmp_path / "second"), tau_from=str(first), **common)
+    later = dataclasses.replace(config, accept=["greedy", "strict"], temperatures=[1.0], tau_from=str(first))
+    second = run_eval([str(folder)], later, out=str(tmp_path / "second"), **run)
     report = json.loads((second / "report.json").read_text())
     assert report["settings"]["tau_from"] == str(first)
     by_key = {(r["drafter"], r["rule"]): r for r in report["results"]}
@@ -405,13 +404,14 @@ def test_tau_from_an_earlier_report_feeds_the_prediction_of_matching_rows(eagle_
     assert "predicted from an earlier evaluation" in (second / "report.md").read_text()
     with pytest.raises(DraftheadsError, match="not a draftheads eval report"):
         (tmp_path / "bad.json").write_text("{}")
-        run_eval([str(folder)], out=str(tmp_path / "third"), tau_from=str(tmp_path / "bad.json"), **common)
+        run_eval([str(folder)], dataclasses.replace(config, tau_from=str(tmp_path / "bad.json")), out=str(tmp_path / "third"),
+                 **run)
 
 
 def test_tasks_prompts_are_broken_down_by_kind_from_the_same_runs(eagle_run, tmp_path):
     folder, _ = eagle_run
-    out = run_eval([str(folder)], target_model=fixture(), prompts="tasks", limit=8, tree="chain:2", max_new_tokens=4,
-                   out=str(tmp_path / "eval"), progress=False)
+    out = run_eval([str(folder)], EvalConfig(prompts="tasks", limit=8, tree="chain:2", max_new_tokens=4),
+                   target_model=fixture(), out=str(tmp_path / "eval"), progress=False)
     report = json.loads((out / "report.json").read_text())
     by_kind = report["by_kind"]
     kinds = {r["task_kind"] for r in by_kind}
@@ -437,21 +437,23 @@ def test_run_eval_rejects_bad_settings(eagle_run, tmp_path):
 
     folder, prompts = eagle_run
     with pytest.raises(DraftheadsError, match="unknown acceptance rule"):
-        run_eval([str(folder)], target_model=fixture(), prompts=str(prompts), accept=["greedyy"], out=str(tmp_path))
+        run_eval([str(folder)], EvalConfig(prompts=str(prompts), accept=["greedyy"]),
+                 target_model=fixture(), out=str(tmp_path))
     for bad in ("chain:x", "auto:0"):
         with pytest.raises(DraftheadsError, match="tree"):
-            run_eval([str(folder)], target_model=fixture(), prompts=str(prompts), tree=bad, out=str(tmp_path))
+            run_eval([str(folder)], EvalConfig(prompts=str(prompts), tree=bad),
+                     target_model=fixture(), out=str(tmp_path))
     model, _ = fixture()
     save_drafter(build_drafter("medusa", model), tmp_path / "medusa", model)
     with pytest.raises(DraftheadsError, match="static trees"):
-        run_eval([str(tmp_path / "medusa")], target_model=fixture(), prompts=str(prompts), tree="dynamic:2,2,4",
-                 out=str(tmp_path / "x"), progress=False)
+        run_eval([str(tmp_path / "medusa")], EvalConfig(prompts=str(prompts), tree="dynamic:2,2,4"),
+                 target_model=fixture(), out=str(tmp_path / "x"), progress=False)
 
 
 def test_auto_tree_fitted_from_measured_accuracies():
     """An oracle's rank-0 draft is always right: the best tree of 4 nodes is the chain of 4. A random drafter
     never matches: the fit falls back to chain:1 and says so."""
-    from draftheads.evaluation.evaluate import fit_auto_trees
+    from draftheads.evaluation.calibration import fit_auto_trees
 
     model, tokenizer = fixture()
     first = tokenizer("<|im_start|>")["input_ids"][0]

@@ -7,7 +7,7 @@ import draftheads
 from draftheads.core.config import build as build_config
 from draftheads.core.drafter import Drafter, TrainableDrafter
 from draftheads.core.tree import Tree
-from draftheads.heads.factory import HEAD_CONFIGS, new_drafter
+from draftheads.heads.factory import KINDS, new_drafter
 from draftheads.interop.native import save_drafter
 from tests.fixtures import make_target
 from tests.heads.batches import make_batch, perturb, snapshot, target_features
@@ -17,7 +17,7 @@ VARIANTS = [
     ("medusa", "medusa", {"num_heads": 3}, 3),
     ("medusa-own", "medusa", {"num_heads": 2, "lm_head": "own"}, 2),
     ("eagle", "eagle", {"ttt_steps": 2}, 2),
-    ("eagle3", "eagle", {"eagle3": True, "ttt_steps": 3, "draft_vocab_size": 128}, 3),
+    ("eagle3", "eagle3", {"ttt_steps": 3, "draft_vocab_size": 128}, 3),
     ("mtp", "mtp", {"depth": 2}, 2),
 ]
 CASES = [pytest.param(kind, cfg, depths, id=name) for name, kind, cfg, depths in VARIANTS]
@@ -25,24 +25,24 @@ CASES = [pytest.param(kind, cfg, depths, id=name) for name, kind, cfg, depths in
 
 def build(kind, target, cfg):
     drafter = draftheads.build_drafter(kind, target, **cfg)
-    if getattr(drafter.config, "eagle3", False):  # a draft vocabulary that is not just the first ids
+    if drafter.config.type == "eagle3":  # a draft vocabulary that is not just the first ids
         counts = torch.randint(0, 100, (target.config.vocab_size,), generator=torch.Generator().manual_seed(0))
         drafter.set_draft_vocab(counts)
     return drafter
 
 
 def test_every_head_type_is_covered():
-    assert set(HEAD_CONFIGS) <= {kind for _, kind, _, _ in VARIANTS}
+    assert set(KINDS) <= {kind for _, kind, _, _ in VARIANTS} | {"medusa2"}   # Medusa-2: tests/heads/test_medusa2.py
 
 
-@pytest.mark.parametrize("kind, cfg", [(k, c) for _, k, c, _ in VARIANTS] + [("medusa", {"medusa2": True, "lora_r": 2})],
+@pytest.mark.parametrize("kind, cfg", [(k, c) for _, k, c, _ in VARIANTS] + [("medusa2", {"lora_r": 2})],
                          ids=[name for name, *_ in VARIANTS] + ["medusa2"])
 def test_every_drafter_offers_both_protocols(kind, cfg):
     """What the loop (Drafter) and training / the formats (TrainableDrafter) call is there on every module the factory builds."""
     drafter = draftheads.build_drafter(kind, make_target("llama"), **cfg)
     assert isinstance(drafter, Drafter) and isinstance(drafter, TrainableDrafter), type(drafter).__name__
-    assert drafter.trains_target == bool(cfg.get("medusa2")) and drafter.vocab.restricted == ("draft_vocab_size" in cfg)
-    assert set(drafter.saved_module().state_dict()) <= {k.removeprefix("medusa.") for k in drafter.state_dict()}
+    assert drafter.trains_target == (kind == "medusa2") and drafter.vocab.restricted == ("draft_vocab_size" in cfg)
+    assert set(drafter.files.module.state_dict()) <= {k.removeprefix("medusa.") for k in drafter.state_dict()}
 
 
 @pytest.mark.parametrize("kind, cfg, depths", CASES)
@@ -61,7 +61,7 @@ def test_loss_and_metrics_have_the_interface_shapes(tiny_target, kind, cfg, dept
 
 @pytest.mark.parametrize("kind, cfg, depths", CASES)
 def test_from_target_is_deterministic_and_shares_nothing_with_the_target(tiny_target, kind, cfg, depths):
-    config = build_config(HEAD_CONFIGS[kind], {"type": kind, **cfg}, "head")
+    config = build_config(KINDS[kind][0], {"type": kind, **cfg}, "head")
     torch.manual_seed(5)
     first = new_drafter(config, tiny_target.config).bind(tiny_target)
     torch.manual_seed(5)
@@ -120,7 +120,7 @@ def test_save_then_load_gives_identical_outputs(tiny_target, tmp_path, kind, cfg
 def test_proposal_is_rooted_at_the_pending_token(tiny_target, kind, cfg, depths):
     drafter = build(kind, tiny_target, cfg)
     perturb(drafter)
-    proposal = _draft(drafter, tiny_target, drafter.default_tree())
+    proposal = _draft(drafter, tiny_target, drafter.default_tree)
     assert proposal.tokens.shape == (1, proposal.tree.num_nodes) and proposal.tree.num_nodes > 1
     assert int(proposal.tokens[0, 0]) == PENDING
     vocab = tiny_target.config.vocab_size

@@ -10,7 +10,9 @@ from draftheads.core.tree import DynamicTreeSpec, Tree
 from draftheads.heads.common import decoder_layer_class, shift_mask
 from draftheads.heads.draft_layer import unroll
 from draftheads.heads.eagle import EagleConfig
-from draftheads.heads.factory import HEAD_CONFIGS, new_drafter
+from draftheads.heads.eagle3 import Eagle3Config
+from draftheads.heads.factory import KINDS as HEAD_KINDS
+from draftheads.heads.factory import new_drafter
 from tests.heads.batches import train_steps
 
 STATIC_TREE = Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (0, 0, 0, 0)])
@@ -27,7 +29,7 @@ def make_drafter(target, eagle3=False, **overrides):
     """eagle3: False (EAGLE-1/2), True (EAGLE-3) or "vocab" (EAGLE-1/2 with a draft vocabulary)."""
     if eagle3:  # a draft vocabulary smaller than the target's, so the d2t mapping matters
         overrides.setdefault("draft_vocab_size", 200)
-    cfg = EagleConfig(eagle3=eagle3 is True, **overrides)
+    cfg = Eagle3Config(**overrides) if eagle3 is True else EagleConfig(**overrides)
     torch.manual_seed(1)
     drafter = new_drafter(cfg, target.config).bind(target)
     if eagle3:
@@ -105,8 +107,23 @@ def test_from_target_wiring(tiny_target, eagle3):
 
 
 def test_config_round_trip():
-    cfg = EagleConfig(eagle3=True, feature_layers=[1, 2, 3], draft_vocab_size=100, ttt_steps=3)
-    assert to_dict(build(HEAD_CONFIGS["eagle"], to_dict(cfg), "head")) == to_dict(cfg)
+    cfg = Eagle3Config(feature_layers=[1, 2, 3], draft_vocab_size=100, ttt_steps=3)
+    assert to_dict(build(HEAD_KINDS["eagle3"][0], to_dict(cfg), "head")) == to_dict(cfg)
+
+
+def test_a_head_written_with_the_old_eagle3_flag_is_read_as_its_kind(tiny_target, capsys):
+    """Recipes and drafter folders from before `type: eagle3` said `type: eagle, eagle3: true` (with EAGLE-1/2's loss
+    weights, which EAGLE-3 never read); `eagle3: false` is EAGLE-1/2 without EAGLE-3's settings."""
+    from draftheads.heads.factory import head_config
+
+    old = {"type": "eagle", "eagle3": True, "ttt_steps": 2, "feature_loss_weight": 1.0, "draft_vocab_size": 100}
+    config = head_config(old)
+    assert isinstance(config, Eagle3Config) and (config.ttt_steps, config.draft_vocab_size) == (2, 100)
+    assert "head.eagle3: true is read as head.type: eagle3; write that instead" in capsys.readouterr().err
+    saved = to_dict(EagleConfig()) | {"eagle3": False, "feature_layers": None, "draft_layer": None}
+    assert head_config(saved) == EagleConfig()
+    with pytest.raises(DraftheadsError, match="unknown key 'feature_layers'"):
+        head_config({"type": "eagle", "feature_layers": [0, 1, 2]})
 
 
 @pytest.mark.parametrize("eagle3", KINDS, ids=KIND_IDS)

@@ -10,7 +10,7 @@ from draftheads.interop.native import save_drafter
 from tests.fixtures import make_target
 from tests.heads.batches import make_batch, perturb
 
-LORA = dict(medusa2=True, lora_r=2, lora_alpha=4, lora_dropout=0.0)
+LORA = dict(lora_r=2, lora_alpha=4, lora_dropout=0.0)
 
 
 def _batch(target):
@@ -21,7 +21,7 @@ def _batch(target):
 
 def test_kl_loss_is_zero_for_a_fresh_adapter_and_heads_see_the_targets_features():
     target = make_target("llama")
-    drafter = draftheads.build_drafter("medusa", target, num_heads=2, medusa2_loss="kl", **LORA)
+    drafter = draftheads.build_drafter("medusa2", target, num_heads=2, target_loss="kl", **LORA)
     assert drafter.trains_target
     perturb(drafter.medusa.heads)  # LoRA B stays zero: the adapted target equals the original
     batch = _batch(target)
@@ -36,7 +36,7 @@ def test_kl_loss_is_zero_for_a_fresh_adapter_and_heads_see_the_targets_features(
 
 def test_lm_loss_is_the_targets_next_token_cross_entropy_on_counted_tokens():
     target = make_target("llama")
-    drafter = draftheads.build_drafter("medusa", target, num_heads=1, **LORA)
+    drafter = draftheads.build_drafter("medusa2", target, num_heads=1, **LORA)
     batch = _batch(target)
     _, metrics = drafter.training_loss(batch)
     with torch.no_grad():
@@ -49,7 +49,7 @@ def test_lm_loss_is_the_targets_next_token_cross_entropy_on_counted_tokens():
 
 def test_a_training_step_moves_the_adapter_and_heads_but_never_the_base_weights():
     target = make_target("llama")
-    drafter = draftheads.build_drafter("medusa", target, num_heads=2, **LORA)
+    drafter = draftheads.build_drafter("medusa2", target, num_heads=2, **LORA)
     base = {k: v.clone() for k, v in target.state_dict().items() if "lora_" not in k}
     lora = {k: v.clone() for k, v in target.state_dict().items() if "lora_B" in k}
     heads = drafter.medusa.heads[0][0].linear.weight.clone()
@@ -67,7 +67,7 @@ def test_a_training_step_moves_the_adapter_and_heads_but_never_the_base_weights(
 
 def test_native_round_trip_restores_heads_and_adapter(tmp_path):
     target = make_target("llama")
-    drafter = draftheads.build_drafter("medusa", target, num_heads=2, **LORA)
+    drafter = draftheads.build_drafter("medusa2", target, num_heads=2, **LORA)
     perturb(drafter)  # heads and LoRA A/B (the registered target's trainable weights)
     save_drafter(drafter, tmp_path / "d", target=target)
     assert {p.name for p in (tmp_path / "d" / "adapter").iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
@@ -82,8 +82,20 @@ def test_native_round_trip_restores_heads_and_adapter(tmp_path):
 
 def test_a_target_carrying_an_adapter_is_refused():
     target = make_target("llama")
-    draftheads.build_drafter("medusa", target, num_heads=1, **LORA)
+    draftheads.build_drafter("medusa2", target, num_heads=1, **LORA)
     with pytest.raises(DraftheadsError, match="already carries"):
-        draftheads.build_drafter("medusa", target, num_heads=1, **LORA)
+        draftheads.build_drafter("medusa2", target, num_heads=1, **LORA)
     with pytest.raises(DraftheadsError, match="lora_target_modules"):
-        draftheads.build_drafter("medusa", make_target("llama"), lora_target_modules=["nope_proj"], **LORA)
+        draftheads.build_drafter("medusa2", make_target("llama"), lora_target_modules=["nope_proj"], **LORA)
+
+
+def test_a_head_written_with_the_old_medusa2_flag_is_read_as_its_kind(capsys):
+    """Recipes and drafter folders from before `type: medusa2` said `type: medusa, medusa2: true`."""
+    from draftheads.heads.factory import head_config
+
+    old = {"type": "medusa", "medusa2": True, "num_heads": 2, "medusa2_loss": "kl", "medusa2_head_weight": 0.5, "lora_r": 4}
+    config = head_config(old)
+    assert (config.type, config.num_heads, config.target_loss, config.heads_weight, config.lora_r) == ("medusa2", 2, "kl", 0.5, 4)
+    assert "head.medusa2: true is read as head.type: medusa2" in capsys.readouterr().err
+    plain = head_config({"type": "medusa", "medusa2": False, "num_heads": 3, "lora_r": 16, "medusa2_loss": "lm"})
+    assert (plain.type, plain.num_heads) == ("medusa", 3)

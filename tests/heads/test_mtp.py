@@ -8,7 +8,7 @@ from draftheads.core.config import build, to_dict
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.sampling import warp_probs
 from draftheads.core.tree import DynamicTreeSpec, Tree
-from draftheads.heads.factory import HEAD_CONFIGS
+from draftheads.heads.factory import KINDS
 from draftheads.heads.mtp import MTPConfig, MTPDrafter
 from tests.heads.batches import train_steps
 
@@ -45,7 +45,7 @@ def reference_logits(drafter, h0, next_tokens, path):
 
 def test_config_round_trip():
     cfg = MTPConfig(depth=2, loss_weights=[1.0, 0.5], default_tree="chain:2")
-    assert to_dict(build(HEAD_CONFIGS["mtp"], to_dict(cfg), "head")) == to_dict(cfg)
+    assert to_dict(build(KINDS["mtp"][0], to_dict(cfg), "head")) == to_dict(cfg)
 
 
 def test_from_target_wiring(tiny_target):
@@ -123,7 +123,7 @@ def test_dynamic_tree_and_depth_limit(llama_target):
     drafter.observe(batch["features"][:, :10], batch["input_ids"][:, 1:])
     proposal = drafter.propose(DynamicTreeSpec(top_k=3, depth=2, total_tokens=6))
     assert proposal.tree.num_nodes == 7 and proposal.tree.depth <= 2
-    assert drafter.default_tree().paths == Tree.chain(2).paths
+    assert drafter.default_tree.paths == Tree.chain(2).paths
     with pytest.raises(DraftheadsError, match="head.depth=2"):
         drafter.propose(Tree.chain(3))
     with pytest.raises(DraftheadsError, match="head.depth=2"):

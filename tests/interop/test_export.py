@@ -23,7 +23,7 @@ from draftheads.api import build_drafter, load_drafter
 from draftheads.core.config import build, to_dict
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import parse_tree
-from draftheads.heads.factory import HEAD_CONFIGS
+from draftheads.heads.factory import KINDS
 from draftheads.interop.export import export_drafter
 from draftheads.interop.native import save_drafter
 from tests.fixtures import FAMILIES as TEST_FAMILIES
@@ -39,8 +39,8 @@ HEADS = {
     "medusa-own": ("medusa", {"num_heads": 2, "num_layers": 2, "lm_head": "own"}),
     "medusa-own-vocab": ("medusa", {"num_heads": 2, "num_layers": 1, "lm_head": "own", "draft_vocab_size": VD}),
     "eagle": ("eagle", {}),
-    "eagle3": ("eagle", {"eagle3": True, "draft_vocab_size": VD}),                  # the Llama draft layer (default)
-    "eagle3-own": ("eagle", {"eagle3": True, "draft_vocab_size": VD, "draft_layer": "target"}),   # the target's class
+    "eagle3": ("eagle3", {"draft_vocab_size": VD}),                  # the Llama draft layer (default)
+    "eagle3-own": ("eagle3", {"draft_vocab_size": VD, "draft_layer": "target"}),   # the target's class
 }
 # Which engine formats each head type may go to, per target family (everything else is refused).
 ALLOWED = {
@@ -112,7 +112,7 @@ def drafts(drafter, observed, seed=None):
     drafter.reset()
     drafter.observe(*observed)
     kwargs = {} if seed is None else {"temperature": 1.0, "generator": torch.Generator().manual_seed(seed)}
-    tree = drafter.default_tree() if drafter.config.type == "medusa" else parse_tree("dynamic:4,3,10")  # small: CPU time
+    tree = drafter.default_tree if drafter.config.type == "medusa" else parse_tree("dynamic:4,3,10")  # small: CPU time
     proposal = drafter.propose(tree, **kwargs)
     return proposal.tree.paths, proposal.tokens, proposal.q
 
@@ -129,7 +129,7 @@ def test_round_trip_keeps_weights_and_drafts(family, head, fmt, targets, natives
 
     assert type(loaded) is type(drafter)
     assert to_dict(loaded.config) == to_dict(drafter.config)
-    assert build(HEAD_CONFIGS[drafter.config.type], to_dict(loaded.config), "head") == loaded.config  # head.init_from
+    assert build(KINDS[drafter.config.type][0], to_dict(loaded.config), "head") == loaded.config  # head.init_from
     assert all(p.requires_grad for p in loaded.parameters())
     a, b = drafter.state_dict(), loaded.state_dict()
     assert a.keys() == b.keys()
@@ -584,7 +584,7 @@ def test_a_native_folder_saved_before_draft_layer_existed_keeps_the_targets_clas
 
 
 def test_draft_layer_applies_to_eagle3_only(targets):
-    with pytest.raises(DraftheadsError, match="head.draft_layer only applies with head.eagle3: true"):
+    with pytest.raises(DraftheadsError, match="unknown key .draft_layer."):
         build_drafter("eagle", targets["llama"], draft_layer="llama")
 
 
@@ -599,7 +599,7 @@ def test_llama31_rope_scaling_reaches_every_engine(fmt, tokenizer, natives, tmp_
     target = make_target("llama", tokenizer, rope_parameters=dict(LLAMA31_ROPE))
     target.save_pretrained(tmp_path / "target")
     target.config._name_or_path = str(tmp_path / "target")
-    native = save_drafter(build_drafter("eagle", target, eagle3=True, draft_vocab_size=VD), tmp_path / "native", target=target)
+    native = save_drafter(build_drafter("eagle3", target, draft_vocab_size=VD), tmp_path / "native", target=target)
     config = json.loads((export_drafter(native, fmt, tmp_path / fmt) / "config.json").read_text())
     layer = config["transformer_layer_config"] if fmt == "speculators" else config
     scaling = {k: v for k, v in LLAMA31_ROPE.items() if k != "rope_theta"}
@@ -631,7 +631,7 @@ def test_export_dtype_casts_the_weights_and_says_so(dtype, torch_dtype, targets,
 
 def test_speculative_tokens_are_the_trained_length_unless_given(targets, tmp_path):
     target = targets["llama"]
-    drafter = build_drafter("eagle", target, eagle3=True, draft_vocab_size=VD, ttt_steps=3, default_tree="dynamic:8,6,48")
+    drafter = build_drafter("eagle3", target, draft_vocab_size=VD, ttt_steps=3, default_tree="dynamic:8,6,48")
     native = save_drafter(drafter, tmp_path / "native", target=target)
 
     def tokens(out, **kw):

@@ -117,7 +117,7 @@ def test_a_read_only_destination_is_refused_before_any_work(run, tmp_path, monke
     """As root every folder is writable, so the read-only case is simulated: the check runs before the export."""
     import os
 
-    from draftheads.evaluation.evaluate import check_report_folder
+    from draftheads.evaluation.report_folder import check_report_folder
 
     monkeypatch.setattr(os, "access", lambda path, mode: False)
     refused(run, tmp_path / "runs" / "new", "not a writable folder")

@@ -16,12 +16,7 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.heads.layers import causal_visible
 from draftheads.interop import llama_cpp
 from draftheads.interop.export import export_drafter
-from draftheads.interop.llama_cpp import (
-    DRAFTER_FILE,
-    LAYOUTS,
-    interleave_rope_rows,
-    read_gguf,
-)
+from draftheads.interop.llama_cpp import DRAFTER_FILE, LAYOUTS, interleave_rope_rows, read_gguf
 from draftheads.interop.native import save_drafter
 from tests.fixtures import make_target
 
@@ -54,7 +49,7 @@ def setup(tmp_path_factory, tokenizer):
     where = tmp_path_factory.mktemp("llama-cpp")
     target = make_target("llama", tokenizer)
     torch.manual_seed(5)
-    drafter = build_drafter("eagle", target, eagle3=True, draft_vocab_size=VD)
+    drafter = build_drafter("eagle3", target, draft_vocab_size=VD)
     with torch.no_grad():
         for p in drafter.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -206,7 +201,7 @@ def test_other_drafters_are_refused_naming_what_llama_cpp_runs(kind, cfg, tokeni
 def test_a_rope_scaling_llama_cpp_has_no_eagle3_path_for_is_refused(tokenizer, tmp_path):
     yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128}
     target = make_target("llama", tokenizer, rope_parameters=yarn)
-    native = save_drafter(build_drafter("eagle", target, eagle3=True, draft_vocab_size=VD), tmp_path / "native", target=target)
+    native = save_drafter(build_drafter("eagle3", target, draft_vocab_size=VD), tmp_path / "native", target=target)
     with pytest.raises(DraftheadsError, match="'yarn' RoPE scaling has no EAGLE-3 path in llama.cpp"):
         export_drafter(native, "llama.cpp", tmp_path / "out", target=target, target_gguf=tmp_path / "unused.gguf")
 
@@ -216,7 +211,7 @@ def test_llama31_rope_becomes_rope_freqs(tokenizer, tmp_path):
     llama31 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 128}
     target = make_target("llama", tokenizer, rope_parameters=llama31)
-    native = save_drafter(build_drafter("eagle", target, eagle3=True, draft_vocab_size=VD), tmp_path / "native", target=target)
+    native = save_drafter(build_drafter("eagle3", target, draft_vocab_size=VD), tmp_path / "native", target=target)
     out = export_drafter(native, "llama.cpp", tmp_path / "out", target=target,
                          target_gguf=write_target_gguf(tmp_path / "t.gguf", tokenizer))
     freqs = gguf_tensors(out / DRAFTER_FILE)["rope_freqs.weight"]

@@ -11,13 +11,7 @@ from draftheads.recipe import load_recipe
 from draftheads.training import checkpoint as C
 from draftheads.training import loop
 from draftheads.training.loop import run_training
-from tests.training.train_helpers import (
-    Crash,
-    NoisyDrafter,
-    crash_at,
-    max_weight_diff,
-    tiny_recipe,
-)
+from tests.training.train_helpers import Crash, NoisyDrafter, crash_at, max_weight_diff, tiny_recipe
 
 
 def noisy(target):

@@ -81,7 +81,7 @@ def test_cache_key_changes_with_what_the_values_depend_on(data_dir, llama_target
 OFFLINE_HEADS = {
     "medusa": {"type": "medusa", "num_heads": 2},
     "eagle": {"type": "eagle"},
-    "eagle3": {"type": "eagle", "eagle3": True, "ttt_steps": 2, "draft_vocab_size": 128},
+    "eagle3": {"type": "eagle3", "ttt_steps": 2, "draft_vocab_size": 128},
     "mtp": {"type": "mtp", "depth": 2},
 }
 
@@ -93,7 +93,10 @@ def test_online_and_offline_training_give_the_same_drafter(tmp_path, data_dir, l
     offline_recipe = tiny_recipe(data_dir, tmp_path / "off", OFFLINE_HEADS[head], mode="offline",
                                  feature_cache=str(tmp_path / "cache"), **settings)
     offline = run_training(offline_recipe, target=llama_target)
-    assert max_weight_diff(online / "final" / "drafter", offline / "final" / "drafter") < 1e-5
+    # Cached features come from a forward over other batches than the online ones, so they differ in the last fp32
+    # bits, and Adam's normalised steps carry that to the weights: 1.3e-5 seen on an AMD EPYC for EAGLE-3, against
+    # 4 steps of up to lr = 1e-3 each. A feature taken from the wrong position or layer moves them by 1e-3.
+    assert max_weight_diff(online / "final" / "drafter", offline / "final" / "drafter") < 5e-5
     a = json.loads((online / "final" / "metrics.json").read_text())
     b = json.loads((offline / "final" / "metrics.json").read_text())
     assert [h["loss"] for h in a["history"]] == pytest.approx([h["loss"] for h in b["history"]], rel=1e-5)
@@ -106,7 +109,7 @@ def test_online_and_offline_training_give_the_same_drafter(tmp_path, data_dir, l
 
 
 def test_offline_mode_refuses_medusa2(tmp_path, data_dir):
-    recipe = tiny_recipe(data_dir, tmp_path / "run", {"type": "medusa", "medusa2": True}, mode="offline")
+    recipe = tiny_recipe(data_dir, tmp_path / "run", {"type": "medusa2"}, mode="offline")
     with pytest.raises(DraftheadsError, match="train.mode=online"):
         run_training(recipe, target=object())  # refused before the target is touched
 

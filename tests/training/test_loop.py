@@ -29,7 +29,7 @@ HEADS = {
     "medusa-vocab": {"type": "medusa", "num_heads": 2, "draft_vocab_size": 128},
     "eagle": {"type": "eagle"},
     "eagle-vocab": {"type": "eagle", "ttt_steps": 2, "draft_vocab_size": 128},
-    "eagle3": {"type": "eagle", "eagle3": True, "ttt_steps": 2, "draft_vocab_size": 128},
+    "eagle3": {"type": "eagle3", "ttt_steps": 2, "draft_vocab_size": 128},
     "mtp": {"type": "mtp", "depth": 2},
     "mtp-vocab": {"type": "mtp", "depth": 2, "draft_vocab_size": 128},
 }
@@ -119,7 +119,7 @@ def test_a_draft_vocabulary_from_specforge_speculators_or_a_run_is_reused_exactl
     d2t = chosen - torch.arange(32)
     (tmp_path / "maps").mkdir()
     write_vocab_mappings(tmp_path / "maps", d2t, vocab)
-    head = {"type": "eagle", "eagle3": True, "draft_vocab_size": 32}
+    head = {"type": "eagle3", "draft_vocab_size": 32}
     source = tmp_path / "maps" / form
     if form == "drafter":   # an earlier run of ours, whose vocabulary came from the SpecForge file
         source = run_training(tiny_recipe(data_dir, tmp_path / "first", head, max_steps=1,
@@ -135,7 +135,7 @@ def test_a_draft_vocabulary_from_specforge_speculators_or_a_run_is_reused_exactl
 def test_eagle3_draft_vocabulary_is_the_most_frequent_loss_masked_tokens(tmp_path, data_dir, llama_target):
     from safetensors.torch import load_file
 
-    recipe = tiny_recipe(data_dir, tmp_path / "run", {"type": "eagle", "eagle3": True, "draft_vocab_size": 32}, max_steps=1)
+    recipe = tiny_recipe(data_dir, tmp_path / "run", {"type": "eagle3", "draft_vocab_size": 32}, max_steps=1)
     run_dir = run_training(recipe, target=llama_target)
     rows = B.load_rows(data_dir)
     train_idx, _ = B.split_rows(len(rows), 0.2, 0)
@@ -213,11 +213,11 @@ def test_bundled_accelerate_configs_load():
 
     expected = {"single_gpu": "NO", "multi_gpu_ddp": "MULTI_GPU", "fsdp": "FSDP", "deepspeed_zero2": "DEEPSPEED"}
     for name, kind in expected.items():
-        path = REPO / "recipes" / "accelerate" / f"{name}.yaml"
+        path = REPO / "draftheads" / "recipes" / "accelerate" / f"{name}.yaml"
         assert path.read_text().startswith("#") and "accelerate launch --config_file" in path.read_text()
         config = load_config_from_file(str(path))
         assert config.distributed_type.value == kind
-    assert load_config_from_file(str(REPO / "recipes/accelerate/deepspeed_zero2.yaml")).deepspeed_config["zero_stage"] == 2
+    assert load_config_from_file(str(REPO / "draftheads/recipes/accelerate/deepspeed_zero2.yaml")).deepspeed_config["zero_stage"] == 2
 
 
 def test_two_process_ddp_equals_one_process_with_accumulation(tmp_path, data_dir, tiny_target_dir):
@@ -250,7 +250,7 @@ def test_medusa2_trains_its_lora_adapter_online(tmp_path, data_dir, tokenizer):
 
     target = make_target("llama", tokenizer)  # Medusa-2 adapts the target in place: not the shared fixture
     base = {k: v.clone() for k, v in target.state_dict().items()}
-    head = {"type": "medusa", "num_heads": 2, "medusa2": True, "lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.0}
+    head = {"type": "medusa2", "num_heads": 2, "lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.0}
     run_dir = run_training(tiny_recipe(data_dir, tmp_path / "run", head, max_steps=3), target=target)
     adapter = run_dir / "final" / "drafter" / "adapter"
     assert adapter.is_dir() and any(adapter.iterdir())
@@ -269,7 +269,7 @@ def test_medusa2_checkpoints_hold_the_adapter_not_the_frozen_target(tmp_path, da
 
     from tests.fixtures import make_target
 
-    head = {"type": "medusa", "num_heads": 2, "medusa2": True, "lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.0}
+    head = {"type": "medusa2", "num_heads": 2, "lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.0}
     run_dir = run_training(tiny_recipe(data_dir, tmp_path / "run", head, max_steps=2), target=make_target("llama", tokenizer))
     saved = load_file(str(run_dir / "step_000002" / "model.safetensors"))
     under_target = [k for k in saved if k.startswith("drafter.target.")]

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from draftheads.heads.files import WeightsOnly
 from draftheads.recipe import recipe_from_dict
 
 
@@ -95,19 +96,12 @@ class NoisyDrafter(torch.nn.Module):
         super().__init__()
         self.config = NoisyConfig(noise=noise)
         self.heads = torch.nn.ModuleList(torch.nn.Linear(hidden, vocab) for _ in range(2))
+        self.files = WeightsOnly(self)
 
     # the rest of core/drafter.py's TrainableDrafter that training and checkpoints use
     def param_groups(self, lr: float) -> list[dict]:
         return [{"params": list(self.parameters()), "lr": lr}]
 
-    def saved_module(self) -> torch.nn.Module:
-        return self
-
-    def save_extras(self, folder) -> None:
-        pass
-
-    def load_extras(self, folder) -> None:
-        pass
 
     def training_loss(self, batch: dict):
         h = batch["features"].to(self.heads[0].weight.dtype)

@@ -1,0 +1,113 @@
+"""What an evaluation fits on the calibration prompts before its measured runs: a static tree for each learned
+drafter (`--tree auto`), the costs a gated combination weighs (decoding/gate.py), and each drafter's cost profile
+on this machine (evaluation/profile.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.tree import AutoTreeSpec, Tree
+from draftheads.decoding.gate import GateCosts, LearnedGate, gate_costs, measured_costs
+from draftheads.decoding.stats import GenerationStats
+from draftheads.evaluation.auto_tree import auto_tree, expected_accepted
+from draftheads.evaluation.conversations import EvalSettings, first_chat
+from draftheads.evaluation.cost_model import fastest_tree
+from draftheads.evaluation.entries import Entry, learned_source
+from draftheads.evaluation.measure import RunConfig, generate_conversations
+from draftheads.evaluation.profile import drafter_profile, folder_fingerprint
+from draftheads.evaluation.report import describe_tree
+
+# The comb tree that measures acceptance by depth and rank: COMB_WIDTH candidates at each of COMB_DEPTH depths.
+COMB_WIDTH, COMB_DEPTH = 8, 6
+
+
+def profile_entry(model, tokenizer, entry: Entry, calibration, settings: EvalSettings):
+    """The drafter's cached cost profile (draft time per level and per node), timed on the first calibration prompt."""
+    prompt = torch.tensor(first_chat(tokenizer, calibration[0], settings).input_ids, device=model.device)
+    folder = entry.info.get("folder")
+    key = {"drafter": entry.name, "kind": entry.kind, "folder": folder_fingerprint(Path(folder)) if folder else None,
+           "lookup_depth": getattr(entry.drafter, "lookup_depth", None)}
+    return drafter_profile(model, entry.drafter, prompt=prompt, name=entry.name, key=key, draft_limit=entry.draft_limit,
+                           progress=lambda line: print(line, flush=True))
+
+
+def comb_tree(width: int, depth: int) -> Tree:
+    """`width` candidates at every depth below the rank-0 path: measures P(rank r accepted | depth reached)."""
+    return Tree.from_paths([(0,) * d + (r,) for d in range(depth) for r in range(width)])
+
+
+def fit_auto_trees(model, tokenizer, entries: list[Entry], calibration, settings: EvalSettings, spec: AutoTreeSpec,
+                   profile, lengths: list[int]) -> None:
+    """Give each learned drafter a static tree of at most `spec.budget` nodes fitted to its per-depth, per-rank
+    accuracies, measured with greedy decoding on the calibration prompts (Medusa's recipe): the one with the
+    highest predicted tokens/s on this machine (objective 'speed'), or the one with the most expected tokens per
+    forward (objective 'tau'). Combined drafters take their learned drafter's tree; prompt lookup keeps its chain."""
+    budget = spec.budget
+    for entry in entries:
+        if entry.kind != "learned":
+            continue
+        # Medusa and MTP cannot draft deeper than their heads / modules
+        comb = comb_tree(COMB_WIDTH, min(COMB_DEPTH, entry.draft_limit or COMB_DEPTH))
+        probe = Entry(entry.name, entry.kind, entry.drafter, comb, comb.depth)
+        runs = [generate_conversations(model, tokenizer, [c], probe, RunConfig("greedy", 0.0), settings)[0]
+                for c in calibration]
+        table = [row + [0.0] * (COMB_WIDTH - len(row)) for row in GenerationStats.merged(r.stats for r in runs).rank_accuracy]
+        try:
+            if spec.objective == "speed":
+                costs = profile_entry(model, tokenizer, entry, calibration, settings)
+                tree, figures = fastest_tree(profile, costs, table or [[0.0]], lengths, settings.max_new_tokens,
+                                             max_budget=budget)
+                note = (f"auto:{budget} -> {tree.num_nodes - 1} nodes (predicted {figures['tau']:.2f} tokens/forward, "
+                        f"{figures['speedup']:.2f}x)")
+            else:
+                tree = auto_tree(table or [[0.0]], budget)
+                note = f"auto:tau:{budget} (expected {1 + expected_accepted(tree, table):.2f} tokens/forward)"
+        except DraftheadsError:   # the drafter never matched the target on the calibration prompts
+            tree, note = Tree.chain(1), f"auto:{budget} -> chain:1 (no draft matched during calibration)"
+        entry.tree, entry.depth = tree, tree.depth
+        print(f"draftheads eval: {entry.name}: {note}: {describe_tree(tree)}", flush=True)
+        entry.info.update(tree=f"{describe_tree(tree)} (auto)", auto_tree=note, accuracy_table=table, tree_paths=list(tree.paths))
+    for entry in entries:
+        if entry.kind == "combined":
+            source = learned_source(entries, entry)
+            entry.tree, entry.depth = source.tree, source.depth
+            entry.info.update(tree=f"{source.info['tree']} + lookup chain:{entry.drafter.lookup_depth}")
+
+
+def price_gates(model, tokenizer, entries: list[Entry], calibration, settings: EvalSettings, profile,
+                lengths: list[int]) -> None:
+    """Give each gated combination (decoding/gate.py) the cost of its learned tree on this machine: the steps of
+    prompt lookup alone and of the combination drafting the learned tree every step, timed on the calibration
+    prompts (the profile's estimate at the evaluated prompts' mean context where a situation never came up)."""
+    gated = [e for e in entries if e.kind == "combined" and e.info["mode"] == "gate"]
+    if not gated:
+        return
+
+    def timed(entry: Entry) -> GenerationStats:   # one prompt at a time: a batch shares its steps' time among rows
+        return GenerationStats.merged(generate_conversations(model, tokenizer, [c], entry, RunConfig("greedy", 0.0),
+                                                             settings)[0].stats for c in calibration)
+
+    alone = timed(next(e for e in entries if e.kind == "lookup"))
+    context = sum(lengths) / max(1, len(lengths)) + settings.max_new_tokens / 2
+    for entry in gated:
+        source = learned_source(entries, entry)
+        used = source.used_tree
+        estimated = []
+
+        def estimate() -> GateCosts:   # called only for a situation the calibration prompts never met
+            estimated.append(gate_costs(profile, profile_entry(model, tokenizer, source, calibration, settings),
+                                        used.num_nodes, used.depth, entry.drafter.lookup_depth, context))
+            return estimated[-1]
+
+        # timed before it has a gate: the plain graft, drafting the learned tree every step
+        costs = measured_costs(alone, timed(entry), used.num_nodes, estimate)
+        entry.drafter.gate = LearnedGate(costs)
+        entry.info["gate"] = (f"learned tree drafted while its added tokens / lookup's beat what it adds to a step: "
+                              f"{costs.without_chain:.2f} without a lookup chain, {costs.with_chain:.2f} with one")
+        if estimated:
+            entry.info["gate"] += (f" (a situation the calibration prompts never met takes the profile's estimate: "
+                                   f"{estimated[0].without_chain:.2f}, {estimated[0].with_chain:.2f})")
+        print(f"draftheads eval: {entry.name}: {entry.info['gate']}", flush=True)
