@@ -62,7 +62,8 @@ def main() -> None:
     model, tok = load_target(args.target, dtype=args.dtype, device=args.device)
     stops = stop_token_ids(tok, model.generation_config)
     pad = tok.pad_token_id if tok.pad_token_id is not None else stops[0]
-    prompts = [render_ids(tok, [{"role": "user", "content": p.turns[0]}], True) for p in humaneval_prompts(args.prompts)]
+    prompts = [render_ids(tok, [{"role": "user", "content": p.turns[0]}], True)
+               for p in humaneval_prompts(args.prompts)]
     batches = [[prompts[i] for i in b] for b in length_sorted_batches([len(p) for p in prompts], args.batch_size)]
     print(f"{args.target} ({model.dtype}, {model.device}, {torch.get_num_threads()} threads): {len(prompts)} prompts, "
           f"batch {args.batch_size}, max_new_tokens {args.max_new_tokens}")

@@ -61,7 +61,8 @@ def main() -> None:
         })
         runs[layer] = str(run_training(recipe, target=target))
     config = EvalConfig(prompts=str(work / "eval.jsonl"), limit=40, tree="chain:4", max_new_tokens=48)
-    report = run_eval(list(runs.values()), config, out=str(work / "eval"), target_model=(target, tokenizer), progress=False)
+    report = run_eval(list(runs.values()), config, out=str(work / "eval"), target_model=(target, tokenizer),
+                      progress=False)
     rows = {r["drafter"]: r for r in json.loads((report / "report.json").read_text())["results"]}
     taus = {layer: rows[layer]["tau"] for layer in runs}   # each run is named by its folder: work/llama, work/target
     print(f"{args.family} target, {args.steps} steps, chain:4, 40 held-out prompts, greedy:")

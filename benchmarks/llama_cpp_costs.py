@@ -67,8 +67,9 @@ def synthetic_target(shipped: Path, dst: Path, hidden: int, layers: int, ffn: in
     vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     heads, kv_heads = hidden // 64, max(1, hidden // 256)
     writer = GGUFWriter(str(dst), arch="llama")
-    for key, value in {"block_count": layers, "context_length": 8192, "embedding_length": hidden, "feed_forward_length": ffn,
-                       "attention.head_count": heads, "attention.head_count_kv": kv_heads, "rope.dimension_count": 64}.items():
+    for key, value in {"block_count": layers, "context_length": 8192, "embedding_length": hidden,
+                       "feed_forward_length": ffn, "attention.head_count": heads, "attention.head_count_kv": kv_heads,
+                       "rope.dimension_count": 64}.items():
         writer.add_uint32(f"llama.{key}", value)
     writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
     writer.add_float32("llama.rope.freq_base", 10000.0)
@@ -84,9 +85,9 @@ def synthetic_target(shipped: Path, dst: Path, hidden: int, layers: int, ffn: in
     for i in range(layers):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
-        for part, rows, cols in (("attn_q", hidden, hidden), ("attn_k", kv_heads * 64, hidden), ("attn_v", kv_heads * 64, hidden),
-                                 ("attn_output", hidden, hidden), ("ffn_gate", ffn, hidden), ("ffn_up", ffn, hidden),
-                                 ("ffn_down", hidden, ffn)):
+        for part, rows, cols in (("attn_q", hidden, hidden), ("attn_k", kv_heads * 64, hidden),
+                                 ("attn_v", kv_heads * 64, hidden), ("attn_output", hidden, hidden),
+                                 ("ffn_gate", ffn, hidden), ("ffn_up", ffn, hidden), ("ffn_down", hidden, ffn)):
             matrix(f"blk.{i}.{part}.weight", rows, cols)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -126,7 +127,8 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("export", help="a draftheads export --format llama.cpp folder")
-    parser.add_argument("--types", default="Q4_1,Q4_0", help="target quantizations: the shipped one first, then requantized")
+    parser.add_argument("--types", default="Q4_1,Q4_0",
+                        help="target quantizations: the shipped one first, then requantized")
     parser.add_argument("--draft-tokens", default="1,2,3,4")
     parser.add_argument("--prompts", type=int, default=5)
     parser.add_argument("--flash-attn", action="store_true", help="run llama-server with -fa on")
@@ -137,7 +139,8 @@ def main() -> None:
     record = json.loads((folder / "draftheads_export.json").read_text())
     shipped, drafter = folder / record["llama_cpp"]["target"], folder / "drafter.gguf"
     tokenizer = AutoTokenizer.from_pretrained(record["llama_cpp"].get("tokenizer") or _embedded())
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p.turns[0]}], add_generation_prompt=True, tokenize=True)
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p.turns[0]}], add_generation_prompt=True,
+                                             tokenize=True)
                for p in humaneval_prompts(args.prompts)]
     prompts = [p if isinstance(p, list) else p["input_ids"] for p in prompts]
     engine = install_llama_cpp()
@@ -157,8 +160,10 @@ def main() -> None:
         rows = []
         with contextlib.ExitStack() as stack:
             for n in ns:
-                server = stack.enter_context(LlamaServer(engine.server, target, extra + ["-md", str(drafter), "--spec-type",
-                                                         "draft-eagle3", "--spec-draft-n-max", str(n)], work / f"n{n}.log", context=4096))
+                server = stack.enter_context(LlamaServer(engine.server, target,
+                                                         extra + ["-md", str(drafter), "--spec-type", "draft-eagle3",
+                                                                  "--spec-draft-n-max", str(n)],
+                                                         work / f"n{n}.log", context=4096))
                 answers = [post(server, p, 128, False) for p in prompts]
                 tokens = sum(a["timings"]["predicted_n"] for a in answers)
                 accepted = sum(a["timings"].get("draft_n_accepted", 0) for a in answers)
@@ -169,8 +174,9 @@ def main() -> None:
                 rows.append((n, tau, per_pass / step, drafting / step, tau / (per_pass / step), 1.5 * per_pass / step))
         verify = " / ".join(f"{costs[k] / step:.2f}" for k in (2, 3, 4, 5))
         for n, tau, pass_steps, draft_steps, speedup, needed in rows:
-            print(f"| {kind}{' (shipped)' if i == 0 else ''} | {step:.2f} ms | {verify} | n={n} | {tau:.2f} | {pass_steps:.2f} | "
-                  f"{draft_steps:.2f} | {speedup:.2f}x | {needed:.2f} (at most {n + 1}) |", flush=True)
+            print(f"| {kind}{' (shipped)' if i == 0 else ''} | {step:.2f} ms | {verify} | n={n} | {tau:.2f} | "
+                  f"{pass_steps:.2f} | {draft_steps:.2f} | {speedup:.2f}x | {needed:.2f} (at most {n + 1}) |",
+                  flush=True)
     if args.synthetic:
         hidden, layers, ffn = (int(x) for x in args.synthetic.split(","))
         target = synthetic_target(shipped, work / f"synthetic-{hidden}x{layers}.gguf", hidden, layers, ffn)
@@ -179,8 +185,8 @@ def main() -> None:
             step = sum(r["timings"]["predicted_ms"] for r in plain) / sum(r["timings"]["predicted_n"] for r in plain)
             costs = verify_costs(server, prompts[0][:150], [1, 2, 3, 4, 5, 6])
         size = target.stat().st_size / 2 ** 30
-        print(f"\nrandom Llama {hidden}x{layers} (FFN {ffn}, Q4_0, {size:.2f} GiB): decode step {step:.2f} ms; verifying k = "
-              + ", ".join(f"{k}: {costs[k] / step:.2f}" for k in (2, 3, 4, 5, 6)) + " decode steps")
+        print(f"\nrandom Llama {hidden}x{layers} (FFN {ffn}, Q4_0, {size:.2f} GiB): decode step {step:.2f} ms; "
+              "verifying k = " + ", ".join(f"{k}: {costs[k] / step:.2f}" for k in (2, 3, 4, 5, 6)) + " decode steps")
 
 
 def _embedded() -> str:

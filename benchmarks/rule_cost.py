@@ -45,10 +45,12 @@ def main() -> None:
         figures = {
             "greedy": median_ms(lambda: accept("greedy", tree, tokens, logits)),
             "strict, warping every node": median_ms(lambda: accept("strict", tree, tokens, warp(logits), q, generator)),
-            "strict, warping the walked nodes": median_ms(lambda: accept("strict", tree, tokens, logits, q, generator, warp=warp)),
+            "strict, warping the walked nodes": median_ms(lambda: accept("strict", tree, tokens, logits, q, generator,
+                                                                         warp=warp)),
             "typical": median_ms(lambda: accept("typical", tree, tokens, logits, None, generator, warp=warp)),
         }
-        print(f"T={temperature} top_p={top_p}: " + " | ".join(f"{name} {ms:.2f} ms" for name, ms in figures.items()), flush=True)
+        print(f"T={temperature} top_p={top_p}: " + " | ".join(f"{name} {ms:.2f} ms" for name, ms in figures.items()),
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accept", default=None, help="comma-separated: greedy,strict,typical (default: greedy)")
     p.add_argument("--temperature", dest="temperatures", default=None, help="comma-separated temperatures (default: 0)")
     p.add_argument("--tree", default=None, help="chain:K | static:PATHS | dynamic:TOPK,DEPTH,TOTAL | auto[:NODES] "
-                                                "(fastest on this machine) | auto:tau[:NODES] (most tokens per forward)")
+                                                "(fastest on this machine) | auto:tau[:NODES] "
+                                                "(most tokens per forward)")
     p.add_argument("--combined", nargs="?", const="graft", default=None, choices=["graft", "switch", "gate", "all"],
                    help="also measure each learned drafter combined with prompt lookup: graft (the default: the lookup "
                         "chain grafted onto the learned tree), switch (the lookup chain alone while the text is being "
@@ -84,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--refresh-profile", action="store_const", const=True, default=None,
                    help="time the target on this machine again instead of reading the cached cost profile")
     p.add_argument("--tau-from", default=None, metavar="REPORT",
-                   help="predict from the tau an earlier eval measured (its folder or report.json) where it ran the same "
-                        "drafter, tree and rule, instead of from the calibration prompts")
+                   help="predict from the tau an earlier eval measured (its folder or report.json) where it ran the "
+                        "same drafter, tree and rule, instead of from the calibration prompts")
     p.add_argument("--out", default=None, help="report folder (default: a timestamped folder)")
     p.set_defaults(handler=cmd_eval, parser=p)
 
@@ -106,16 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp32"],
                    help="cast the weights (default: as saved, fp32 master weights)")
     p.add_argument("--speculative-tokens", type=int, default=None,
-                   help="draft length written where the engine's config takes one (default: the length it was trained for)")
+                   help="draft length written where the engine's config takes one (default: the length it was "
+                        "trained for)")
     p.set_defaults(handler=cmd_export, parser=p)
 
-    p = sub.add_parser("engine", help="build a serving engine that runs on this machine (llama.cpp), and measure drafters in it")
+    p = sub.add_parser("engine", help="build a serving engine that runs on this machine (llama.cpp), and measure "
+                                      "drafters in it")
     esub = p.add_subparsers(title="actions", metavar="ACTION")
     install = esub.add_parser("install", help="build llama.cpp from the llama-cpp-python source on PyPI, once (cached)")
     install.add_argument("engine", choices=["llama.cpp"], help="the engine to build")
     install.set_defaults(handler=cmd_engine_install, parser=install)
-    engine_eval = esub.add_parser("eval", help="measure EAGLE-3 drafters inside the engine, beside its plain and n-gram "
-                                               "decoding (greedy), and our own loop's tau on the same prompts")
+    engine_eval = esub.add_parser("eval", help="measure EAGLE-3 drafters inside the engine, beside its plain and "
+                                               "n-gram decoding (greedy), and our own loop's tau on the same prompts")
     engine_eval.add_argument("engine", choices=["llama.cpp"], help="the engine (built once from PyPI's source)")
     engine_eval.add_argument("drafters", nargs="+", help="EAGLE-3 drafter or run folders")
     engine_eval.add_argument("--target", default=None, help="the target's GGUF (default: the drafter's target)")
@@ -152,9 +155,9 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
 
 
 def _prompt_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", default=None, help="humaneval, tasks (8 task kinds x 10, multi-turn and passages), long "
-                                                   "(22 passage prompts of 4 kinds, 120-1,830 tokens), a local file, or a "
-                                                   "hub dataset (default: humaneval)")
+    p.add_argument("--prompts", default=None, help="humaneval, tasks (8 task kinds x 10, multi-turn and passages), "
+                                                   "long (22 passage prompts of 4 kinds, 120-1,830 tokens), a local "
+                                                   "file, or a hub dataset (default: humaneval)")
     p.add_argument("--limit", default=None, help="at most this many prompts (default: 20)")
     p.add_argument("--max-new-tokens", default=None, help="tokens generated per prompt (default: 128)")
     p.add_argument("--dtype", default=None, choices=["auto", "bf16", "fp16", "fp32"],
@@ -251,7 +254,8 @@ def _with_flags(base, config_class, args):
 
 
 def _typed(value, hint):
-    """A flag's text as YAML reads it (a list from comma-separated items); text stays text where the setting takes it."""
+    """A flag's text as YAML reads it (a list from comma-separated items); text stays text where the setting
+    takes it."""
     if not isinstance(value, str):
         return value
     args = typing.get_args(hint)

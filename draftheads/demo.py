@@ -63,7 +63,8 @@ def run_demo(out: str = "runs/demo", *, heads=("eagle",), target_model=None, com
         runs.append(run_training(head_recipe, target=target))
         _reset_accelerate()
     e = recipe.eval
-    clock.start("eval", f"evaluating on {e.prompts} ({e.limit} prompts) beside the prompt-lookup baseline -> {out / 'eval'}")
+    clock.start("eval", f"evaluating on {e.prompts} ({e.limit} prompts) beside the prompt-lookup baseline -> "
+                        f"{out / 'eval'}")
     config = dataclasses.replace(e, combined=e.combined or "graft") if combined else e
     report = run_eval([str(r) for r in runs], config, out=str(out / "eval"), target_model=target, progress=progress)
     clock.finish(recipe, runs, report)
@@ -98,7 +99,8 @@ def recipe_for_head(recipe, head: str, out: Path):
     other = copy.deepcopy(recipe)
     other.head = load_recipe(HEAD_RECIPES[head]).head
     if other.head.draft_vocab_size is not None and recipe.head.draft_vocab_size is not None:
-        other.head.draft_vocab_size = recipe.head.draft_vocab_size  # one draft vocabulary size for the demo's data and target
+        # one draft vocabulary size for the demo's data and target
+        other.head.draft_vocab_size = recipe.head.draft_vocab_size
     other.name = f"{recipe.name}-{head}"
     other.train.output_dir = str(out / head)
     return other
@@ -106,7 +108,8 @@ def recipe_for_head(recipe, head: str, out: Path):
 
 def load_demo_target(recipe):
     t = recipe.target
-    return load_target(t.name, dtype=t.dtype, device=t.device, revision=t.revision, trust_remote_code=t.trust_remote_code,
+    return load_target(t.name, dtype=t.dtype, device=t.device, revision=t.revision,
+                       trust_remote_code=t.trust_remote_code,
                        chat_template=t.chat_template, attn_implementation=t.attn_implementation)
 
 
@@ -145,9 +148,11 @@ class Phases:
         self._close()
         summary = {
             "recipe": recipe.to_dict(), "seconds": self.seconds, "total_seconds": time.perf_counter() - self.started,
-            "data": str(recipe.data_dir), "runs": [str(r) for r in runs], "drafters": [str(r / "final" / "drafter") for r in runs],
+            "data": str(recipe.data_dir), "runs": [str(r) for r in runs],
+            "drafters": [str(r / "final" / "drafter") for r in runs],
             "report": str(report / "report.md"), "results": json.loads((report / "report.json").read_text())["results"],
         }
         (self.out / "demo.json").write_text(json.dumps(summary, indent=1) + "\n")
         print(f"\ndraftheads demo: done in {self._elapsed()}. Data {recipe.data_dir}/, drafters "
-              f"{', '.join(summary['drafters'])}, report {summary['report']} (tau includes the bonus token)", flush=True)
+              f"{', '.join(summary['drafters'])}, report {summary['report']} (tau includes the bonus token)",
+              flush=True)

@@ -89,11 +89,13 @@ def read_recipe_text(name_or_path: str) -> tuple[str, str]:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
-            raise DraftheadsError(f"recipe file '{name_or_path}' not found; give a YAML path or one of: {', '.join(bundled_recipes())}")
+            raise DraftheadsError(f"recipe file '{name_or_path}' not found; give a YAML path or one of: "
+                                  f"{', '.join(bundled_recipes())}")
         return path.read_text(), str(path)
     names = bundled_recipes()
     if name_or_path not in names:
-        raise DraftheadsError(f"unknown recipe '{name_or_path}'{suggest(name_or_path, names)}; bundled: {', '.join(names)}")
+        raise DraftheadsError(f"unknown recipe '{name_or_path}'{suggest(name_or_path, names)}; bundled: "
+                              f"{', '.join(names)}")
     resource = importlib.resources.files("draftheads.recipes") / f"{name_or_path}.yaml"
     return resource.read_text(), f"bundled:{name_or_path}"
 
@@ -106,7 +108,8 @@ def load_recipe(name_or_path: str, overrides: list[str] = ()) -> Recipe:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
-        raise DraftheadsError(f"recipe {source} is not valid YAML{at}: {getattr(e, 'problem', e)}; correct the file there") from None
+        raise DraftheadsError(f"recipe {source} is not valid YAML{at}: {getattr(e, 'problem', e)}; correct the "
+                              "file there") from None
     if not isinstance(data, dict):
         raise DraftheadsError(f"recipe {source} must be a mapping with sections target, head, data, train, log, eval")
     for item in overrides:
@@ -134,7 +137,8 @@ def apply_override(data: dict, item: str) -> None:
 # The names other tools (SpecForge, speculators, HF Trainer) give these settings -> ours. Accepted in a recipe file and
 # in overrides, with or without their section (`learning_rate=1e-4`, `train.learning_rate=1e-4`), with a note.
 ALIASES = {
-    "learning_rate": "train.lr", "gradient_accumulation_steps": "train.grad_accum", "max_checkpoints": "train.keep_last",
+    "learning_rate": "train.lr", "gradient_accumulation_steps": "train.grad_accum",
+    "max_checkpoints": "train.keep_last",
     "save_total_limit": "train.keep_last", "resume_from": "train.resume", "resume_from_checkpoint": "train.resume",
     "ttt_length": "head.ttt_steps", "aux_hidden_state_layer_ids": "head.feature_layers",
 }
@@ -163,7 +167,8 @@ def recipe_from_dict(data: dict, source: str = "<dict>", default_name: str = "ru
     allowed = ("name",) + tuple(SECTIONS) + ("head",)
     for key in data:
         if key not in allowed:
-            raise DraftheadsError(f"recipe: unknown section '{key}'{suggest(str(key), allowed)}; sections: {', '.join(allowed)}")
+            raise DraftheadsError(f"recipe: unknown section '{key}'{suggest(str(key), allowed)}; sections: "
+                                  f"{', '.join(allowed)}")
     name = data.get("name", default_name)
     check(isinstance(name, str) and name.strip() != "", "recipe: name must be a non-empty string")
     sections = {s: build(cls, data.get(s), s) for s, cls in SECTIONS.items()}

@@ -23,7 +23,8 @@ CHATML = (
 )
 # Qwen2 adds a default system turn when the conversation has none.
 QWEN2 = (
-    "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{% if messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
     + CHATML
 )
 LLAMA3 = (
@@ -36,7 +37,8 @@ LLAMA3 = (
 TEMPLATES = {
     "chatml": (CHATML, ["<|im_start|>", "<|im_end|>"], "<|im_end|>", None),
     "qwen2": (QWEN2, ["<|im_start|>", "<|im_end|>", "<|endoftext|>"], "<|im_end|>", None),
-    "llama3": (LLAMA3, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], "<|eot_id|>", "<|begin_of_text|>"),
+    "llama3": (LLAMA3, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], "<|eot_id|>",
+               "<|begin_of_text|>"),
 }
 
 CORPUS = [

@@ -5,7 +5,8 @@ packages on one level never import each other; no modules import each other in a
 __init__ files count as modules); function-local imports of draftheads modules stay in the modules
 that import lazily for start-up time, and of third-party packages in the short list ARCHITECTURE.md
 gives; and `draftheads --help` does not import torch. The folder tree under draftheads/ is the
-import tree, so modules are found by walking it.
+import tree, so modules are found by walking it. No line of the Python files under draftheads/,
+benchmarks/ and tests/ is longer than LINE_LENGTH characters.
 
     python tests/test_architecture.py [CHECKOUT]    # prints the import graph's counts
 """
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+LINE_LENGTH = 120  # pyproject.toml's [tool.ruff] line-length
 
 
 def architecture(root: Path = ROOT) -> str:
@@ -157,6 +159,24 @@ def test_help_does_not_import_torch():
             "assert not heavy, heavy\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_no_line_is_longer_than_120_characters():
+    long = [f"{file.relative_to(ROOT)}:{number}" for folder in ("draftheads", "benchmarks", "tests")
+            for file in sorted((ROOT / folder).rglob("*.py"))
+            for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1) if len(line) > LINE_LENGTH]
+    assert not long, f"lines longer than {LINE_LENGTH} characters:\n" + "\n".join(long)
+
+
+def test_no_source_file_is_ignored_by_git():
+    """A source file that .gitignore hides works here and is missing from every clone (`data/` once hid
+    draftheads/data/). Where there is no git checkout (an unpacked sdist) there is nothing to check."""
+    if not (ROOT / ".git").exists():
+        return
+    done = subprocess.run(["git", "ls-files", "--others", "--ignored", "--exclude-standard", "draftheads", "tests",
+                           "benchmarks"], cwd=ROOT, capture_output=True, text=True, check=True)
+    hidden = [f for f in done.stdout.splitlines() if f.endswith((".py", ".yaml", ".jsonl", ".md"))]
+    assert not hidden, f"source files .gitignore hides from every clone: {hidden}"
 
 
 def report(root: Path) -> None:

@@ -32,7 +32,8 @@ class Case:
     args: list[str]  # after `draftheads`, with {w} the shared fixtures' folder and {c} the case's
     expect: str  # in the last line of stderr
     setup: Callable[[Path, Path], None] | None = None  # (world, case folder) -> files the case needs
-    command: list[str] | None = None  # instead of `python -m draftheads` (accelerate launch --quiet: exit 1, no traceback of its own)
+    command: list[str] | None = None  # instead of `python -m draftheads` (accelerate launch --quiet: exit 1, no
+                                      # traceback of its own)
     env: dict = field(default_factory=dict)
 
 
@@ -138,35 +139,45 @@ CASES = [
     Case("override-without-value", [*TRAIN, "train.lr"], "must look like section.key=value"),
     Case("unknown-head-type", [*TRAIN, "head.type=medusae"], "unknown head type 'medusae'"),
     Case("top-p-out-of-range", [*TRAIN, "data.top_p=1.5"], "data.top_p must be in (0, 1]"),
-    Case("oversized-default-tree", [*TRAIN, "head={{type: eagle, default_tree: 'chain:1000'}}"], "head.default_tree: tree 'chain:1000' is too large"),
-    Case("typical-epsilon-1", ["recipe", "show", "{w}/recipe.yaml", "eval.typical_epsilon=1.5", "--no-target"], "eval.typical_epsilon"),
-    Case("typical-delta-1", ["recipe", "show", "{w}/recipe.yaml", "eval.typical_delta=1", "--no-target"], "eval.typical_delta"),
+    Case("oversized-default-tree", [*TRAIN, "head={{type: eagle, default_tree: 'chain:1000'}}"],
+         "head.default_tree: tree 'chain:1000' is too large"),
+    Case("typical-epsilon-1", ["recipe", "show", "{w}/recipe.yaml", "eval.typical_epsilon=1.5", "--no-target"],
+         "eval.typical_epsilon"),
+    Case("typical-delta-1", ["recipe", "show", "{w}/recipe.yaml", "eval.typical_delta=1", "--no-target"],
+         "eval.typical_delta"),
     Case("unknown-device", [*TRAIN, "target.device=tpu"], "target.device 'tpu'"),
     Case("cuda-without-gpu", [*TRAIN, "target.device=cuda"], "no CUDA GPU"),
     Case("demo-unknown-head", ["demo", "--heads", "foo", "--out", "{c}/demo"], "choose from eagle, medusa, mtp"),
     # eval
-    Case("eval-nan-temperature", [*EVAL, "--accept", "strict", "--temperature", "nan"], "temperature nan is not a finite"),
+    Case("eval-nan-temperature", [*EVAL, "--accept", "strict", "--temperature", "nan"],
+         "temperature nan is not a finite"),
     Case("eval-unknown-rule", [*EVAL, "--accept", "greedyy"], "unknown acceptance rule 'greedyy'"),
     Case("eval-oversized-chain", [*EVAL, "--tree", "chain:100000"], "too large"),
     Case("eval-oversized-dynamic", [*EVAL, "--tree", "dynamic:500,4,10"], "too large"),
     Case("eval-bad-static-tree", [*EVAL, "--tree", "static:x"], "bad tree 'static:x'"),
-    Case("eval-zero-batch-size", [*EVAL, "--batch-size", "1,0"], "(--batch-size) must be whole numbers >= 1, got [1, 0]"),
+    Case("eval-zero-batch-size", [*EVAL, "--batch-size", "1,0"],
+         "(--batch-size) must be whole numbers >= 1, got [1, 0]"),
     Case("eval-fractional-batch-size", [*EVAL, "--batch-size", "2.5"], "--batch-size[0]: expected int, got float 2.5"),
     Case("eval-zero-plain-above", [*EVAL, "--plain-above", "0"], "(--plain-above) must be a whole number >= 1"),
     Case("eval-unknown-flag", [*EVAL, "--temprature", "0.7"], "unrecognized arguments: --temprature 0.7"),
-    Case("recipe-zero-batch-size", ["recipe", "show", "{w}/recipe.yaml", "eval.batch_sizes=[0]", "--no-target"], "eval.batch_sizes"),
+    Case("recipe-zero-batch-size", ["recipe", "show", "{w}/recipe.yaml", "eval.batch_sizes=[0]", "--no-target"],
+         "eval.batch_sizes"),
     Case("eval-missing-drafter", ["eval", "{c}/nope", "--prompts", "{w}/prompts.jsonl"], "does not exist"),
     Case("eval-out-dot", [*EVAL, "--out", "."], "--out . is not empty", a_file),
     Case("eval-out-under-a-file", [*EVAL, "--out", "{c}/afile/report"], "not a writable folder", a_file),
     Case("eval-missing-prompts", ["eval", "{w}/runs/medusa", "--prompts", "{c}/missing.jsonl"], "does not exist"),
     Case("eval-truncated-drafter", ["eval", "{c}/run", "--target", "{w}/target", "--prompts", "{w}/prompts.jsonl"],
          "model.safetensors", truncated_drafter),
-    Case("eval-truncated-target", ["eval", "{w}/runs/medusa", "--target", "{c}/target", "--prompts", "{w}/prompts.jsonl"],
+    Case("eval-truncated-target",
+         ["eval", "{w}/runs/medusa", "--target", "{c}/target", "--prompts", "{w}/prompts.jsonl"],
          "its files are damaged", truncated_target),
-    Case("eval-truncated-gguf", ["eval", "lookup", "--target", "{c}/model.gguf", "--prompts", "{w}/prompts.jsonl"], "model.gguf", bad_gguf),
-    Case("eval-drafter-of-another-target", ["eval", "{w}/runs/medusa", "--target", "{w}/other", "--prompts", "{w}/prompts.jsonl"],
+    Case("eval-truncated-gguf", ["eval", "lookup", "--target", "{c}/model.gguf", "--prompts", "{w}/prompts.jsonl"],
+         "model.gguf", bad_gguf),
+    Case("eval-drafter-of-another-target",
+         ["eval", "{w}/runs/medusa", "--target", "{w}/other", "--prompts", "{w}/prompts.jsonl"],
          "was trained for a target"),
-    Case("eval-not-a-causal-lm", ["eval", "lookup", "--target", "{w}/bert", "--prompts", "{w}/prompts.jsonl"], "not a causal language model"),
+    Case("eval-not-a-causal-lm", ["eval", "lookup", "--target", "{w}/bert", "--prompts", "{w}/prompts.jsonl"],
+         "not a causal language model"),
     Case("eval-engine-flag", [*EVAL, "--engine", "llama.cpp"], "draftheads engine eval llama.cpp"),
     Case("engine-eval-with-rules", [*ENGINE_EVAL, "--accept", "strict"], "unrecognized arguments: --accept strict"),
     Case("engine-eval-zero-draft", [*ENGINE_EVAL, "--draft-tokens", "0"], "--draft-tokens must be whole numbers >= 1"),
@@ -174,33 +185,45 @@ CASES = [
     Case("engine-eval-medusa", ENGINE_EVAL, "llama.cpp has no loader for Medusa drafters"),
     # export
     Case("export-unknown-format", [*EXPORT, "--format", "vlm", "--out", "{c}/out"], "unknown export format 'vlm'"),
-    Case("export-into-the-run", [*EXPORT, "--format", "vllm", "--out", "{w}/runs/medusa", "--overwrite"], "lies inside the drafter"),
-    Case("export-into-a-users-folder", [*EXPORT, "--format", "vllm", "--out", "{c}/mine", "--overwrite"], "not a draftheads export", user_folder),
+    Case("export-into-the-run", [*EXPORT, "--format", "vllm", "--out", "{w}/runs/medusa", "--overwrite"],
+         "lies inside the drafter"),
+    Case("export-into-a-users-folder", [*EXPORT, "--format", "vllm", "--out", "{c}/mine", "--overwrite"],
+         "not a draftheads export", user_folder),
     Case("export-into-data", [*EXPORT, "--format", "vllm", "--out", "{w}/data", "--overwrite"], "a run or data folder"),
-    Case("export-over-a-previous-export", [*EXPORT, "--format", "tgi", "--out", "{c}/out"], "pass --overwrite", previous_export),
+    Case("export-over-a-previous-export", [*EXPORT, "--format", "tgi", "--out", "{c}/out"], "pass --overwrite",
+         previous_export),
     Case("export-onto-a-file", [*EXPORT, "--format", "vllm", "--out", "{c}/afile"], "is a file", a_file),
-    Case("export-truncated-drafter", ["export", "{c}/run", "--format", "vllm", "--out", "{c}/out", "--target", "{w}/target"],
+    Case("export-truncated-drafter",
+         ["export", "{c}/run", "--format", "vllm", "--out", "{c}/out", "--target", "{w}/target"],
          "model.safetensors", truncated_drafter),
     Case("export-missing-source", ["export", "{c}/nope", "--format", "vllm", "--out", "{c}/out"], "does not exist"),
-    Case("export-missing-target", [*EXPORT[:2], "--target", "{c}/nope", "--format", "vllm", "--out", "{c}/out"], "does not exist"),
-    Case("export-medusa-to-llama-cpp", [*EXPORT, "--format", "llama.cpp", "--out", "{c}/out"], "it loads EAGLE-3 drafters only"),
+    Case("export-missing-target", [*EXPORT[:2], "--target", "{c}/nope", "--format", "vllm", "--out", "{c}/out"],
+         "does not exist"),
+    Case("export-medusa-to-llama-cpp", [*EXPORT, "--format", "llama.cpp", "--out", "{c}/out"],
+         "it loads EAGLE-3 drafters only"),
     # training
-    Case("train-changed-settings", [*TRAIN, "train.lr=0.01", "train.seed=5"], "trained with other settings", unfinished_run),
-    Case("train-mtp-at-a-medusa-run", [*TRAIN, "head={{type: mtp, depth: 2}}"], "head.type: 'medusa' -> 'mtp'", unfinished_run),
+    Case("train-changed-settings", [*TRAIN, "train.lr=0.01", "train.seed=5"], "trained with other settings",
+         unfinished_run),
+    Case("train-mtp-at-a-medusa-run", [*TRAIN, "head={{type: mtp, depth: 2}}"], "head.type: 'medusa' -> 'mtp'",
+         unfinished_run),
     Case("train-damaged-checkpoints", TRAIN, "no intact checkpoint", damaged_checkpoints),
     Case("train-missing-resume", [*TRAIN, "train.resume={c}/nope"], "not found"),
     Case("train-missing-data", [*TRAIN, "data.output={c}/nope"], "not found"),
     Case("train-missing-more-data", [*TRAIN, "train.more_data=[{c}/nope]"], "train.more_data: "),
     Case("train-truncated-arrow", [*TRAIN, "data.output={c}/data"], "data", truncated_arrow),
-    Case("train-truncated-feature-shard", [*TRAIN, "data.output={c}/data", "train.mode=offline", "train.feature_dtype=fp32",
-                                           "train.feature_cache={c}/cache"], "shard_00000.npy", truncated_shard),
+    Case("train-truncated-feature-shard", [*TRAIN, "data.output={c}/data", "train.mode=offline",
+                                           "train.feature_dtype=fp32", "train.feature_cache={c}/cache"],
+         "shard_00000.npy", truncated_shard),
     Case("train-all-zero-loss-mask", [*TRAIN, "data.output={c}/data"], "no generated tokens", zero_loss_mask),
     Case("train-unfinished-data", [*TRAIN, "data.output={c}/data"], "unfinished", killed_data_folder),
     Case("train-not-a-causal-lm", [*TRAIN, "target.name={w}/bert"], "not a causal language model"),
     Case("train-two-cpu-processes", ["{w}/recipe.yaml", "train.output_dir={c}/run"], "torchrun --nproc_per_node 2",
-         command=[sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--quiet", "-m", "draftheads.train"]),
-    Case("data-two-cpu-processes", ["{w}/recipe.yaml", "data.output={c}/data"], "torchrun --nproc_per_node 2 -m draftheads.data",
-         command=[sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--quiet", "-m", "draftheads.data"]),
+         command=[sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--quiet", "-m",
+                  "draftheads.train"]),
+    Case("data-two-cpu-processes", ["{w}/recipe.yaml", "data.output={c}/data"],
+         "torchrun --nproc_per_node 2 -m draftheads.data",
+         command=[sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--quiet", "-m",
+                  "draftheads.data"]),
     # data
     Case("data-malformed-prompts", [*DATA, "data.prompts=[{{source: {c}/prompts.jsonl}}]"], "line 3", bad_prompts),
     Case("data-no-chat-template", [*DATA, "target.name={w}/notemplate"], "no chat template"),
@@ -226,8 +249,8 @@ def world(tmp_path_factory, tokenizer):
     for name, model in (("target", target), ("other", make_target("qwen2", tokenizer))):
         model.save_pretrained(w / name)
         tokenizer.save_pretrained(w / name)
-    bert = AutoModel.from_config(AutoConfig.for_model("bert", vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1,
-                                                      num_attention_heads=2, intermediate_size=64))
+    bert = AutoModel.from_config(AutoConfig.for_model("bert", vocab_size=len(tokenizer), hidden_size=32,
+                                                      num_hidden_layers=1, num_attention_heads=2, intermediate_size=64))
     bert.save_pretrained(w / "bert")
     tokenizer.save_pretrained(w / "bert")
     shutil.copytree(w / "target", w / "notemplate")
@@ -265,8 +288,8 @@ def results(world, tmp_path_factory):
         args = [a.format(w=world, c=folder) for a in case.args]
         before = (snapshot(world), snapshot(folder))
         # nothing may be fetched: no hub, no package index (the embedded target would be pip-downloaded)
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PIP_NO_INDEX": "1",
-               "DRAFTHEADS_CACHE": str(folder / ".no-cache"), **case.env}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+               "PIP_NO_INDEX": "1", "DRAFTHEADS_CACHE": str(folder / ".no-cache"), **case.env}
         command = case.command or [sys.executable, "-m", "draftheads"]
         done = subprocess.run([*command, *args], cwd=folder, env=env, capture_output=True, text=True, timeout=300)
         return case.name, (done, before, (snapshot(world), snapshot(folder)))
@@ -290,10 +313,13 @@ def test_there_are_at_least_forty_cases():
 def test_bad_input_is_refused_in_one_line_and_changes_nothing(case, results):
     done, before, after = results[case.name]
     stderr = done.stderr
-    lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith(("The following values", "\t", "To avoid"))]
+    lines = [line for line in stderr.splitlines()
+             if line.strip() and not line.startswith(("The following values", "\t", "To avoid"))]
     last = lines[-1] if lines else ""
     assert done.returncode != 0, f"exit 0; stdout: {done.stdout[-500:]}"
     assert "Traceback" not in stderr, stderr[-3000:]
     assert last.startswith("error: ") and case.expect in last and any(w in last for w in FIX_WORDS), done.stderr[-3000:]
-    assert after[0] == before[0], f"the shared fixtures changed: {sorted(k for k in set(after[0]) | set(before[0]) if after[0].get(k) != before[0].get(k))}"
+    assert after[0] == before[0], (
+        "the shared fixtures changed: "
+        f"{sorted(k for k in set(after[0]) | set(before[0]) if after[0].get(k) != before[0].get(k))}")
     assert after[1] == before[1], f"the case folder changed: {sorted(set(after[1]) ^ set(before[1]))}"

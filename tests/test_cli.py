@@ -22,7 +22,8 @@ def assert_one_line_error(result, expected):
 
 
 def test_bad_recipe_value_from_a_real_process_has_no_traceback():
-    assert_one_line_error(run_cli("recipe", "show", "eagle-smollm2", "train.lr=-3", "--no-target"), "train.lr must be positive")
+    assert_one_line_error(run_cli("recipe", "show", "eagle-smollm2", "train.lr=-3", "--no-target"),
+                          "train.lr must be positive")
 
 
 @pytest.mark.parametrize(
@@ -56,7 +57,8 @@ def test_unreachable_hub_id_offline(monkeypatch, capsys):
 
 
 def test_recipe_show_derives_sizes_from_the_target(tiny_target_dir, capsys):
-    assert main(["recipe", "show", "eagle3-llama3.1-8b", f"target.name={tiny_target_dir}", "head.draft_vocab_size=200"]) == 0
+    assert main(["recipe", "show", "eagle3-llama3.1-8b", f"target.name={tiny_target_dir}",
+                 "head.draft_vocab_size=200"]) == 0
     out = capsys.readouterr().out
     assert "hidden_size: 64" in out and "num_layers: 4" in out and "vocab_size: 384" in out
     assert "feature_layers: [0, 1, 2]" in out  # derived for a 4-layer target
@@ -86,8 +88,8 @@ def test_eval_takes_unset_flags_from_the_runs_recipe(tmp_path, monkeypatch):
     (run / "final" / "drafter" / "config.json").write_text("{}")
     (run / "step_000010").mkdir()
     (run / "step_000010" / "recipe.yaml").write_text(
-        "eval:\n  limit: 3\n  tree: chain:2\n  accept: [strict]\n  temperatures: [0.7]\n  max_new_tokens: 16\n  seed: 5\n"
-        "  batch_sizes: [1, 8]\n  plain_above: 6\n"
+        "eval:\n  limit: 3\n  tree: chain:2\n  accept: [strict]\n  temperatures: [0.7]\n  max_new_tokens: 16\n"
+        "  seed: 5\n  batch_sizes: [1, 8]\n  plain_above: 6\n"
     )
     seen = []
     monkeypatch.setattr(evaluate, "run_eval", lambda drafters, config, **kw: seen.append(dataclasses.asdict(config)))
@@ -98,12 +100,16 @@ def test_eval_takes_unset_flags_from_the_runs_recipe(tmp_path, monkeypatch):
     assert main(["eval", str(run), "--batch-size", "1,2,4", "--plain-above", "3"]) == 0
 
     from_recipe, overridden, defaults, batched = seen
-    assert (from_recipe["batch_sizes"], from_recipe["plain_above"], defaults["batch_sizes"], defaults["plain_above"]) == ([1, 8], 6, [1], None)
+    assert ((from_recipe["batch_sizes"], from_recipe["plain_above"], defaults["batch_sizes"], defaults["plain_above"])
+            == ([1, 8], 6, [1], None))
     assert (batched["batch_sizes"], batched["plain_above"]) == ([1, 2, 4], 3)
-    assert (from_recipe["limit"], from_recipe["tree"], from_recipe["accept"], from_recipe["temperatures"]) == (3, "chain:2", ["strict"], [0.7])
+    assert ((from_recipe["limit"], from_recipe["tree"], from_recipe["accept"], from_recipe["temperatures"])
+            == (3, "chain:2", ["strict"], [0.7]))
     assert (from_recipe["max_new_tokens"], from_recipe["seed"], from_recipe["prompts"]) == (16, 5, "humaneval")
-    assert (overridden["limit"], overridden["accept"], overridden["temperatures"], overridden["tree"]) == (7, ["greedy", "typical"], [0.0], "chain:2")
-    assert (defaults["limit"], defaults["accept"], defaults["max_new_tokens"], defaults["tree"]) == (20, ["greedy"], 128, None)
+    assert ((overridden["limit"], overridden["accept"], overridden["temperatures"], overridden["tree"])
+            == (7, ["greedy", "typical"], [0.0], "chain:2"))
+    assert ((defaults["limit"], defaults["accept"], defaults["max_new_tokens"], defaults["tree"])
+            == (20, ["greedy"], 128, None))
 
 
 def test_engine_eval_is_its_own_command_with_only_its_flags(tmp_path, monkeypatch, capsys):
@@ -114,15 +120,17 @@ def test_engine_eval_is_its_own_command_with_only_its_flags(tmp_path, monkeypatc
     (run / "final" / "drafter" / "config.json").write_text("{}")
     seen = []
     monkeypatch.setattr(engine_eval, "run_engine_eval", lambda drafters, config, **kw: seen.append((config, kw)))
-    assert main(["engine", "eval", "llama.cpp", str(run), "--draft-tokens", "3,2", "--draft-p-min", "0,0.5", "--no-ngram",
-                 "--limit", "4"]) == 0
+    assert main(["engine", "eval", "llama.cpp", str(run), "--draft-tokens", "3,2", "--draft-p-min", "0,0.5",
+                 "--no-ngram", "--limit", "4"]) == 0
     ((config, kw),) = seen
-    assert (config.draft_tokens, config.p_mins, config.ngram, config.limit, kw["engine"]) == ([3, 2], [0.0, 0.5], False, 4, "llama.cpp")
+    assert ((config.draft_tokens, config.p_mins, config.ngram, config.limit, kw["engine"])
+            == ([3, 2], [0.0, 0.5], False, 4, "llama.cpp"))
     assert main(["engine", "eval", "llama.cpp", str(run), "--draft-tokens", "0"]) == 2
     assert "--draft-tokens must be whole numbers >= 1" in capsys.readouterr().err
     assert main(["eval", str(run), "--engine", "llama.cpp"]) == 2
     assert "draftheads engine eval llama.cpp" in capsys.readouterr().err
-    assert main(["engine", "eval", "llama.cpp", str(run), "--accept", "strict"]) == 2   # our loop's flags are not its own
+    # our loop's flags are not its own
+    assert main(["engine", "eval", "llama.cpp", str(run), "--accept", "strict"]) == 2
     assert "unrecognized arguments: --accept strict; `draftheads engine eval --help`" in capsys.readouterr().err
 
 
@@ -144,13 +152,15 @@ def test_config_flag_and_other_tools_names_are_accepted_with_a_note(monkeypatch,
     recipe = tmp_path / "mine.yaml"
     recipe.write_text("name: mine\nhead: {type: eagle, eagle3: true, ttt_length: 3}\ntrain: {learning_rate: 0.002}\n")
     assert main(["train", "--config", str(recipe), "gradient_accumulation_steps=4", "max_checkpoints=5"]) == 0
-    assert main(["train", "eagle-smollm2", "head.eagle3=true", "train.resume_from=never", "aux_hidden_state_layer_ids=[1,2,3]"]) == 0
+    assert main(["train", "eagle-smollm2", "head.eagle3=true", "train.resume_from=never",
+                 "aux_hidden_state_layer_ids=[1,2,3]"]) == 0
     first, second = seen
     assert (first.head.ttt_steps, first.train.lr, first.train.grad_accum, first.train.keep_last) == (3, 0.002, 4, 5)
     assert second.train.resume == "never" and second.head.feature_layers == [1, 2, 3]
     err = capsys.readouterr().err
     assert "note: 'learning_rate' is train.lr in draftheads" in err and "note: 'ttt_length' is head.ttt_steps" in err
-    assert "note: head.eagle3: true is read as head.type: eagle3" in err and first.head.type == second.head.type == "eagle3"
+    assert ("note: head.eagle3: true is read as head.type: eagle3" in err
+            and first.head.type == second.head.type == "eagle3")
 
 
 def test_recipe_given_twice_or_an_alias_beside_its_name_is_refused(capsys):
@@ -165,4 +175,5 @@ def test_recipe_given_twice_or_an_alias_beside_its_name_is_refused(capsys):
 def test_a_sub_command_error_prints_that_sub_commands_usage(capsys):
     assert main(["export", "somewhere", "--format", "vllm", "--out", "x", "--bogus"]) == 2
     err = capsys.readouterr().err
-    assert "usage: draftheads export" in err and err.splitlines()[-1].startswith("error: unrecognized arguments: --bogus;")
+    assert ("usage: draftheads export" in err
+            and err.splitlines()[-1].startswith("error: unrecognized arguments: --bogus;"))

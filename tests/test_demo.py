@@ -22,7 +22,8 @@ def tiny_overrides(prompts) -> dict:
         "data.max_length": 64, "data.batch_size": 3, "data.shard_size": 3,
         "train.max_steps": 2, "train.batch_size": 2, "train.max_length": 64, "train.warmup_steps": 1,
         "train.eval_every": 1, "train.save_every": 2, "train.eval_fraction": 0.34, "train.dtype": "fp32",
-        "head.ttt_steps": 2, "head.default_tree": "chain:2", "head.draft_vocab_size": 128,  # the tiny target has 384 tokens
+        "head.ttt_steps": 2, "head.default_tree": "chain:2",
+        "head.draft_vocab_size": 128,  # the tiny target has 384 tokens
         "eval.prompts": str(prompts), "eval.limit": 2, "eval.max_new_tokens": 6,
     }
 
@@ -31,14 +32,15 @@ def test_demo_leaves_every_artefact_and_prints_the_table(tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": u}) + "\n" for u in USERS))
     tokenizer = make_tokenizer("chatml")
-    out = run_demo(str(tmp_path / "demo"), heads=("eagle", "medusa"), target_model=(make_target("llama", tokenizer), tokenizer),
-                   progress=False, **tiny_overrides(prompts))
+    out = run_demo(str(tmp_path / "demo"), heads=("eagle", "medusa"),
+                   target_model=(make_target("llama", tokenizer), tokenizer), progress=False, **tiny_overrides(prompts))
     assert out == tmp_path / "demo"
     assert (out / "data" / "prompts.jsonl").is_file() and (out / "data" / "draftheads_data.json").is_file()
     for head in ("eagle", "medusa"):
         config = json.loads((out / head / "final" / "drafter" / "config.json").read_text())
         assert config["head"]["type"] == head
-    for name in ("report.json", "report.md", "acceptance_per_depth.png", "tau_speedup_vs_temperature.png", "accepted_lengths.png"):
+    for name in ("report.json", "report.md", "acceptance_per_depth.png", "tau_speedup_vs_temperature.png",
+                 "accepted_lengths.png"):
         assert (out / "eval" / name).is_file(), name
     summary = json.loads((out / "demo.json").read_text())
     assert set(summary["seconds"]) == {"target", "data", "train eagle", "train medusa", "eval"}

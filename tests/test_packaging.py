@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_wheel_installs_the_package_tree(tmp_path):
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
+         str(ROOT)],
         check=True, capture_output=True,
     )
     wheel = next(tmp_path.glob("draftheads-*.whl"))
@@ -27,11 +28,14 @@ def test_wheel_installs_the_package_tree(tmp_path):
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)],
                    check=True, capture_output=True)
-    code = "import draftheads.heads, draftheads.core.tree; from draftheads.recipe import bundled_recipes, load_recipe; " \
-           "print(draftheads.__file__); load_recipe('mtp-smollm2'); " \
-           "from draftheads.data.prompt_tables import task_prompts; assert len(task_prompts()) == 80; print(len(bundled_recipes()))"
+    code = ("import draftheads.heads, draftheads.core.tree; "
+            "from draftheads.recipe import bundled_recipes, load_recipe; "
+            "print(draftheads.__file__); load_recipe('mtp-smollm2'); "
+            "from draftheads.data.prompt_tables import task_prompts; assert len(task_prompts()) == 80; "
+            "print(len(bundled_recipes()))")
     env = {**os.environ, "PYTHONPATH": str(site)}
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          check=True)
     first, count = done.stdout.split()
     assert first.startswith(str(site)) and int(count) >= 6
 

@@ -87,7 +87,8 @@ def test_eagle3_layers_must_be_distinct_and_in_layer_order(layers):
         load_recipe("eagle3-llama3.1-8b", [f"head.feature_layers={layers}"])
 
 
-@pytest.mark.parametrize("layers, fused", [(30, [1, 14, 26]), (32, [1, 15, 28]), (8, [1, 3, 4]), (6, [0, 2, 4]), (4, [0, 1, 2])])
+@pytest.mark.parametrize("layers, fused",
+                         [(30, [1, 14, 26]), (32, [1, 15, 28]), (8, [1, 3, 4]), (6, [0, 2, 4]), (4, [0, 1, 2])])
 def test_default_eagle3_layers_are_the_inputs_of_the_engines_default_layers(layers, fused):
     from draftheads.heads.eagle3 import default_feature_layers
 

@@ -87,7 +87,8 @@ def convert(value: Any, hint: Any, where: str) -> Any:
                 return convert(value, option, where)
             except DraftheadsError as e:
                 errors.append(str(e))
-        raise DraftheadsError(errors[0] if len(errors) == 1 else f"{where}: {_describe(value)} fits none of {_name(hint)}")
+        raise DraftheadsError(errors[0] if len(errors) == 1
+                              else f"{where}: {_describe(value)} fits none of {_name(hint)}")
     if origin is Literal:
         if value in args:
             return value

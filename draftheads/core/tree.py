@@ -233,7 +233,8 @@ def check_limits(tree: TreeSpec) -> None:
 
 
 def _shown(spec) -> str:
-    text = repr(spec) if isinstance(spec, str) else type(spec).__name__ if isinstance(spec, (Tree, DynamicTreeSpec, AutoTreeSpec)) else "of index paths"
+    text = (repr(spec) if isinstance(spec, str)
+            else type(spec).__name__ if isinstance(spec, (Tree, DynamicTreeSpec, AutoTreeSpec)) else "of index paths")
     return text if len(text) <= 80 else text[:77] + "...'"
 
 

@@ -50,7 +50,8 @@ def pick(logits: torch.Tensor, temperature: float, top_p: float, generator) -> t
 
 @torch.inference_mode()
 def generate_batch(model, prompts: list[list[int]], *, max_new_tokens: int | list[int], stop_ids, pad_id: int,
-                   temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None) -> list[Output]:
+                   temperature: float = 0.0, top_p: float = 1.0,
+                   generator: torch.Generator | None = None) -> list[Output]:
     """Generate a response for every prompt together; each row stops at a stop id or its budget."""
     device = next(model.parameters()).device
     budgets = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
@@ -138,10 +139,12 @@ class LocalBackend:
                                      stop_ids=self.stop_ids, pad_id=self.pad_id, temperature=temperature,
                                      top_p=self.data.top_p, generator=generator)
             for i, o in zip(batch, outputs):
-                out[i] = (self.tokenizer.decode(o.tokens[:-1] if o.finished else o.tokens, skip_special_tokens=True), o.finished)
+                out[i] = (self.tokenizer.decode(o.tokens[:-1] if o.finished else o.tokens, skip_special_tokens=True),
+                          o.finished)
         return out
 
-    def write(self, count: int, max_tokens: int, temperature: float, seed: int, lead: str = "") -> list[tuple[str, bool]]:
+    def write(self, count: int, max_tokens: int, temperature: float, seed: int,
+              lead: str = "") -> list[tuple[str, bool]]:
         """Magpie: the template up to a user's words (and `lead`), and the target writes the rest of the message."""
         prefix = user_turn_prefix(self.tokenizer, self.data.system_prompt, lead)
         generator, texts = self._generator(seed), []

@@ -52,8 +52,9 @@ class DataConfig:
     output: str | None = doc(None, "dataset folder (default data/<name>)")
     num_prompts: int = doc(400, "total prompts to answer")
     system_prompt: str | None = doc(None, "system prompt for every conversation")
-    chat_template_kwargs: dict = doc({}, "variables for the chat template, e.g. {enable_thinking: false} (Qwen3); the same "
-                                         "in data generation and in `draftheads eval` of drafters trained on this data")
+    chat_template_kwargs: dict = doc({}, "variables for the chat template, e.g. {enable_thinking: false} (Qwen3); the "
+                                         "same in data generation and in `draftheads eval` of drafters trained "
+                                         "on this data")
     max_new_tokens: int = doc(256, "longest response per turn")
     max_length: int = doc(1024, "longest prompt+response in tokens")
     truncate: bool = doc(False, "truncate prompts longer than max_length instead of skipping them")
@@ -62,7 +63,8 @@ class DataConfig:
     seed: int = doc(0, "sampling and mixing seed")
     batch_size: int = doc(16, "prompts generated together")
     shard_size: int = doc(256, "prompts per saved shard: the unit of resuming after a kill")
-    backend: Literal["local", "openai"] = doc("local", "'local': this process runs the target; 'openai': an OpenAI-compatible server")
+    backend: Literal["local", "openai"] = doc("local", "'local': this process runs the target; 'openai': an "
+                                                       "OpenAI-compatible server")
     openai_url: str | None = doc(None, "base URL of the OpenAI-compatible server, e.g. http://host:8000/v1")
     openai_model: str | None = doc(None, "model name on that server (default target.name)")
     concurrency: int = doc(8, "openai backend: requests in flight")
@@ -75,7 +77,8 @@ class DataConfig:
         check(self.temperature >= 0, f"data.temperature must be >= 0, got {self.temperature}")
         check(0 < self.top_p <= 1, f"data.top_p must be in (0, 1], got {self.top_p}")
         check(self.max_retries >= 0, "data.max_retries must be >= 0")
-        check(self.backend != "openai" or bool(self.openai_url), "data.backend is 'openai' but data.openai_url is not set")
+        check(self.backend != "openai" or bool(self.openai_url),
+              "data.backend is 'openai' but data.openai_url is not set")
 
 
 @dataclasses.dataclass
@@ -105,8 +108,8 @@ def processes(device: str = "auto") -> Processes:
     # accelerate sets up CPU-only process groups (gloo) only when asked for CPU explicitly
     state = PartialState(cpu=device == "cpu" or not torch.cuda.is_available())
     if state.num_processes != world:  # every process would answer every shard, racing on the same files
-        raise DraftheadsError(f"launched with WORLD_SIZE={world} but accelerate sees {state.num_processes} process(es); "
-                              "launch with accelerate launch (or torchrun) and a matching config")
+        raise DraftheadsError(f"launched with WORLD_SIZE={world} but accelerate sees {state.num_processes} "
+                              "process(es); launch with accelerate launch (or torchrun) and a matching config")
     return Processes(state.process_index, state.num_processes, state)
 
 
@@ -134,9 +137,11 @@ def run_data(recipe, *, overwrite: bool = False, dry_run: bool = False, target=N
         skipped.update(plan_skips)
         if not chats:
             reasons = "; ".join(f"{n} {r}" for r, n in skipped.items())
-            raise DraftheadsError(f"no prompt left to answer ({reasons}); raise data.max_length or set data.truncate=true")
+            raise DraftheadsError(f"no prompt left to answer ({reasons}); raise data.max_length or set "
+                                  "data.truncate=true")
     except DraftheadsError:
-        if plan == "new" and procs.is_main:  # a bad prompt source: remove the folder this run just created, if still bare
+        # a bad prompt source: remove the folder this run just created, if still bare
+        if plan == "new" and procs.is_main:
             datastore.release_folder(out)
         raise
     shards = datastore.split_shards(chats, recipe.data.shard_size)
@@ -153,14 +158,16 @@ def make_backend(recipe, target, procs: Processes):
     """(backend, tokenizer): the local target, or the OpenAI-compatible server with the target's tokenizer."""
     kwargs = recipe.data.chat_template_kwargs
     if recipe.data.backend == "openai":
-        tokenizer = with_template(target[1], recipe, kwargs) if target is not None else load_tokenizer(recipe.target, kwargs)
+        tokenizer = (with_template(target[1], recipe, kwargs) if target is not None
+                     else load_tokenizer(recipe.target, kwargs))
         return OpenAIBackend(tokenizer, recipe.data, model=recipe.data.openai_model or recipe.target.name), tokenizer
     if target is None:
         t = recipe.target
         device = t.device
         if procs.count > 1 and device in ("auto", "cuda"):
             device = str(procs.state.device)  # one GPU per process
-        target = load_target(t.name, dtype=t.dtype, device=device, revision=t.revision, trust_remote_code=t.trust_remote_code,
+        target = load_target(t.name, dtype=t.dtype, device=device, revision=t.revision,
+                             trust_remote_code=t.trust_remote_code,
                              chat_template=t.chat_template, attn_implementation=t.attn_implementation)
     model, tokenizer = target
     tokenizer = with_template(tokenizer, recipe, kwargs)
@@ -219,7 +226,8 @@ def resumable_writer(path: Path, write, chunk: int, reply=None):
     def write_chunks(count: int, max_tokens: int, temperature: float, seed: int, lead: str = "") -> list:
         texts = []
         starts = range(0, count, chunk)
-        for index, start in enumerate(tqdm(starts, desc="draftheads data: target writes prompts", unit="batch", mininterval=1.0)):
+        for index, start in enumerate(tqdm(starts, desc="draftheads data: target writes prompts", unit="batch",
+                                           mininterval=1.0)):
             n = min(chunk, count - start)
             texts.extend(finished((seed, count, index, lead),
                                   lambda: write(n, max_tokens, temperature, seed * 100_003 + index, lead)))
@@ -228,7 +236,8 @@ def resumable_writer(path: Path, write, chunk: int, reply=None):
     def reply_chunks(messages: list[str], max_tokens: int, temperature: float, seed: int) -> list:
         texts = []
         starts = range(0, len(messages), chunk)
-        for index, start in enumerate(tqdm(starts, desc="draftheads data: target writes passages, questions, translations", unit="batch", mininterval=1.0)):
+        for index, start in enumerate(tqdm(starts, desc="draftheads data: target writes passages, questions, "
+                                                        "translations", unit="batch", mininterval=1.0)):
             part = messages[start:start + chunk]
             digest = hashlib.sha256("\x00".join(part).encode()).hexdigest()[:16]
             texts.extend(finished(("reply", seed, index, max_tokens, digest),
@@ -258,7 +267,8 @@ def generate_shards(out: Path, shards: list[list], backend, data, procs: Process
     """Answer and save every shard of this process that is not on disk yet."""
     mine = [i for i in range(len(shards)) if i % procs.count == procs.index and not datastore.shard_done(out, i)]
     total = sum(len(shards[i]) for i in mine)
-    bar = tqdm(total=total, unit="prompt", desc="draftheads data", disable=not procs.is_main or total == 0, mininterval=1.0)
+    bar = tqdm(total=total, unit="prompt", desc="draftheads data", disable=not procs.is_main or total == 0,
+               mininterval=1.0)
     done_tokens, started = 0, time.perf_counter()
 
     def on_batch(group, tokens):

@@ -81,7 +81,8 @@ def is_complete(out: Path) -> bool:
 
 def folder_plan(out: Path, recipe, overwrite: bool) -> str:
     """What `draftheads data` will do with `out`: 'new' (no folder yet), 'empty' (an empty folder), 'resume' (same
-    settings), 'grow' (more prompts) or 'replace' (overwrite); a folder holding anything else is refused. Writes nothing."""
+    settings), 'grow' (more prompts) or 'replace' (overwrite); a folder holding anything else is refused. Writes
+    nothing."""
     out, key = Path(out), recipe_hash(recipe)
     if out.exists() and not out.is_dir():
         raise DraftheadsError(f"data output '{out}' is a file; set data.output to a folder")
@@ -115,7 +116,8 @@ def prepare_folder(out: Path, recipe, plan: str) -> None:
     if plan == "replace":
         shutil.rmtree(out)  # a draftheads data folder, replaced because --overwrite asked for it
     out.mkdir(parents=True, exist_ok=True)
-    write_meta(out, {"recipe_hash": recipe_hash(recipe), "complete": False, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+    write_meta(out, {"recipe_hash": recipe_hash(recipe), "complete": False,
+                     "created": time.strftime("%Y-%m-%d %H:%M:%S"),
                      "target": to_dict(recipe.target), "data": to_dict(recipe.data)})
 
 
@@ -138,8 +140,9 @@ def can_grow(old: dict, recipe) -> bool:
 def start_growing(out: Path, old: dict, recipe) -> None:
     """Keep the folder's rows as shards/base and mark it unfinished for the larger prompt count."""
     out, summary = Path(out), old.get("summary", {})
-    print(f"draftheads data: '{out}' holds the rows of {old['data']['num_prompts']} prompts; keeping them and answering "
-          f"{recipe.data.num_prompts - old['data']['num_prompts']} new ones (data.num_prompts is now {recipe.data.num_prompts})")
+    print(f"draftheads data: '{out}' holds the rows of {old['data']['num_prompts']} prompts; keeping them and "
+          f"answering {recipe.data.num_prompts - old['data']['num_prompts']} new ones (data.num_prompts is now "
+          f"{recipe.data.num_prompts})")
     remove_partial(out)
     base = shard_path(out, BASE)
     if not base.exists():
@@ -167,7 +170,8 @@ def summary_as_stats(summary: dict, prompt_skips: dict) -> dict:
     cut, truncated = dropped.pop(CUT, 0), dropped.pop(TRUNCATED, 0)
     # What the summary dropped besides the prompt skips (kept in the metadata) were first turns stopped at planning.
     stopped = {k: n - prompt_skips.get(k, 0) for k, n in dropped.items() if n > prompt_skips.get(k, 0)}
-    return {"rows": summary.get("rows", 0), "tokens": summary.get("tokens", 0), "generated_tokens": summary.get("generated_tokens", 0),
+    return {"rows": summary.get("rows", 0), "tokens": summary.get("tokens", 0),
+            "generated_tokens": summary.get("generated_tokens", 0),
             "responses": summary.get("responses", 0), "cut_responses": cut, "truncated_prompts": truncated,
             "stopped": stopped, "seconds": summary.get("generation_seconds", 0.0)}
 
@@ -240,7 +244,8 @@ def merge(out: Path, count: int, recipe, skipped: collections.Counter, num_promp
     missing = [i for i in range(count) if not shard_done(out, i)]
     if missing:
         raise DraftheadsError(f"shards {missing[:5]} of '{out}' are missing; rerun the same command to finish them")
-    names = ([BASE] if shard_done(out, BASE) else []) + list(range(count))  # the rows kept from before a grow come first
+    # the rows kept from before a grow come first
+    names = ([BASE] if shard_done(out, BASE) else []) + list(range(count))
     with quiet_datasets():
         parts = [datasets.load_from_disk(str(shard_path(out, i))) for i in names]
         table = datasets.concatenate_datasets(parts) if parts else datasets.Dataset.from_dict(
@@ -249,7 +254,8 @@ def merge(out: Path, count: int, recipe, skipped: collections.Counter, num_promp
         table = table.select(sorted(range(len(ids)), key=ids.__getitem__))
         table.save_to_disk(str(out))
     stats = [json.loads((shard_path(out, i) / "stats.json").read_text()) for i in names]
-    update_meta(out, complete=True, grown_from=None, summary={**summarise(stats, skipped, num_prompts), "processes": processes})
+    update_meta(out, complete=True, grown_from=None,
+                summary={**summarise(stats, skipped, num_prompts), "processes": processes})
     shutil.rmtree(Path(out) / SHARDS, ignore_errors=True)
 
 
@@ -277,7 +283,8 @@ def print_summary(out: Path) -> None:
     print(f"draftheads data: {s.get('rows', 0)} rows from {s.get('prompts', 0)} prompts, {s.get('tokens', 0)} tokens "
           f"({s.get('generated_tokens', 0)} generated), mean response {s.get('mean_response_tokens', 0):.1f} tokens")
     each = f" per process, {s['processes']} processes" if s.get("processes", 1) > 1 else ""
-    print(f"  generation: {s.get('tokens_per_second', 0):.1f} tokens/s{each} over {s.get('generation_seconds', 0):.1f} s")
+    print(f"  generation: {s.get('tokens_per_second', 0):.1f} tokens/s{each} over "
+          f"{s.get('generation_seconds', 0):.1f} s")
     for reason, n in sorted(s.get("dropped", {}).items(), key=lambda kv: -kv[1]):
         print(f"  dropped/noted: {n} {reason}")
     print(f"  -> {out}")

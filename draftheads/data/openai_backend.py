@@ -80,7 +80,8 @@ class OpenAIBackend:
             added += len(ids)
         return added
 
-    def chat_completion(self, messages: list[dict], max_tokens: int, seed: int, temperature: float | None = None) -> tuple[str, str]:
+    def chat_completion(self, messages: list[dict], max_tokens: int, seed: int,
+                        temperature: float | None = None) -> tuple[str, str]:
         body = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
                 "temperature": self.data.temperature if temperature is None else temperature, "top_p": self.data.top_p,
                 "seed": fold_seed(seed)}
@@ -90,7 +91,8 @@ class OpenAIBackend:
         return choice["message"].get("content") or "", choice.get("finish_reason") or "stop"
 
     def reply(self, messages: list[str], max_tokens: int, temperature: float, seed: int) -> list[tuple[str, bool]]:
-        """The target's answer to each user message (a one-turn chat with the recipe's system prompt): [(text, finished)]."""
+        """The target's answer to each user message (a one-turn chat with the recipe's system prompt): [(text,
+        finished)]."""
         system = [{"role": "system", "content": self.data.system_prompt}] if self.data.system_prompt else []
 
         def one(k: int) -> tuple[str, bool]:
@@ -104,10 +106,13 @@ class OpenAIBackend:
         with ThreadPoolExecutor(max_workers=self.data.concurrency) as pool:
             return list(pool.map(one, range(len(messages))))
 
-    def write(self, count: int, max_tokens: int, temperature: float, seed: int, lead: str = "") -> list[tuple[str, bool]]:
-        """Magpie through /v1/completions: the raw template up to a user's words (and `lead`), continued by the target."""
+    def write(self, count: int, max_tokens: int, temperature: float, seed: int,
+              lead: str = "") -> list[tuple[str, bool]]:
+        """Magpie through /v1/completions: the raw template up to a user's words (and `lead`), continued by the
+        target."""
         messages = ([{"role": "system", "content": self.data.system_prompt}] if self.data.system_prompt else [])
-        text = render_text(self.tokenizer, messages + [{"role": "user", "content": SENTINEL}], add_generation_prompt=False)
+        text = render_text(self.tokenizer, messages + [{"role": "user", "content": SENTINEL}],
+                           add_generation_prompt=False)
         prefix = text[: text.index(SENTINEL)] + lead
         stop = [self.tokenizer.decode([i]) for i in self.stop_ids]
 

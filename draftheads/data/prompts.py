@@ -31,11 +31,13 @@ def load_source(src, skipped: collections.Counter | None = None) -> list[Prompt]
     return load_table_source(src, skipped)
 
 
-def collect_prompts(data, write: Writer | None = None, have: list[Prompt] = (), reply=None) -> tuple[list[Prompt], collections.Counter]:
+def collect_prompts(data, write: Writer | None = None, have: list[Prompt] = (),
+                    reply=None) -> tuple[list[Prompt], collections.Counter]:
     """data.num_prompts prompts mixed from data.prompts by weight; the order is fixed by data.seed.
     With `have` (the prompts of a folder that grows), only the missing ones, none of them repeating one
     it has; self prompts are then written with new seeds, so the target does not write the same ones again.
-    `reply(messages, max_tokens, temperature, seed)`: the target answering user messages, for task kinds with passages."""
+    `reply(messages, max_tokens, temperature, seed)`: the target answering user messages, for task kinds with
+    passages."""
     skipped: collections.Counter = collections.Counter()
     taken = {tuple(p.turns) for p in have}
     taken_texts = {normalise(turns[0]) for turns in taken}  # what self prompts are compared by

@@ -23,14 +23,16 @@ class TargetConfig:
 
     name: str = doc("smollm2-135m", "hub id, local folder, .gguf file, or the embedded alias 'smollm2-135m'")
     revision: str | None = doc(None, "hub revision (branch, tag or commit)")
-    dtype: Literal["auto", "bf16", "fp16", "fp32"] = doc("auto", "'auto': bf16 where the hardware has native bf16, else fp32")
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] = doc("auto", "'auto': bf16 where the hardware has native "
+                                                                 "bf16, else fp32")
     device: str = doc("auto", "'auto' (cuda if present, else cpu), 'cpu', 'cuda', 'cuda:N' or 'mps'")
     trust_remote_code: bool = doc(False, "allow custom modeling code from the hub (off unless you trust it)")
     chat_template: str | None = doc(None, "Jinja chat template, or a path to a .jinja file, for tokenizers without one")
     attn_implementation: Literal["sdpa", "eager"] = doc("sdpa", "attention kernel of the target")
 
     def __post_init__(self):
-        check(bool(self.name.strip()), "target.name is empty; give a hub id, a local folder, a .gguf file or 'smollm2-135m'")
+        check(bool(self.name.strip()),
+              "target.name is empty; give a hub id, a local folder, a .gguf file or 'smollm2-135m'")
         check(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"),
               f"target.device '{self.device}' is not a device; use auto, cpu, cuda, cuda:N or mps")
 
@@ -38,7 +40,8 @@ class TargetConfig:
 def load_target_config(spec: str, revision: str | None = None, trust_remote_code: bool = False):
     """The target's transformers config, without loading weights."""
     where, extra = locate_target(spec)
-    return from_hub(AutoConfig.from_pretrained, spec, where, revision=revision, trust_remote_code=trust_remote_code, **extra)
+    return from_hub(AutoConfig.from_pretrained, spec, where, revision=revision, trust_remote_code=trust_remote_code,
+                    **extra)
 
 
 def load_target(
@@ -82,7 +85,8 @@ def freeze(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def attach_chat_template(tokenizer, chat_template: str | None, spec: str = "the target", kwargs: dict | None = None) -> None:
+def attach_chat_template(tokenizer, chat_template: str | None, spec: str = "the target",
+                         kwargs: dict | None = None) -> None:
     """Use the recipe's template if given (text or a file path); require one in the end. `kwargs` (a recipe's
     data.chat_template_kwargs, e.g. {enable_thinking: false}) become variables of the template itself, so every
     rendering (data generation, the loss masks, evaluation prompts) sees them, as a server passed them would."""
@@ -92,12 +96,13 @@ def attach_chat_template(tokenizer, chat_template: str | None, spec: str = "the 
         tokenizer.chat_template = path.read_text() if is_file else chat_template
     if not getattr(tokenizer, "chat_template", None):
         raise DraftheadsError(
-            f"the tokenizer of {spec} has no chat template; set target.chat_template to a Jinja template or a .jinja file"
+            f"the tokenizer of {spec} has no chat template; "
+            "set target.chat_template to a Jinja template or a .jinja file"
         )
     if kwargs:
         if not isinstance(tokenizer.chat_template, str):
-            raise DraftheadsError(f"the tokenizer of {spec} has several named chat templates; set target.chat_template to "
-                                  "the one to use before giving data.chat_template_kwargs")
+            raise DraftheadsError(f"the tokenizer of {spec} has several named chat templates; set target.chat_template "
+                                  "to the one to use before giving data.chat_template_kwargs")
         tokenizer.chat_template = template_variables(kwargs) + tokenizer.chat_template
 
 
@@ -118,7 +123,8 @@ def from_hub(loader, spec: str, where: str, **kwargs):
         return loader(where, **kwargs)
     except (OSError, ValueError) as e:
         if "trust_remote_code" in str(e):
-            raise DraftheadsError(f"{spec} needs custom code; set target.trust_remote_code=true if you trust it") from None
+            raise DraftheadsError(f"{spec} needs custom code; set target.trust_remote_code=true if "
+                                  "you trust it") from None
         if Path(where).exists():  # the files are here but unusable
             raise DraftheadsError(f"could not load '{spec}': {_first_line(e)}; check its files, or download or convert "
                                   "the model again") from None

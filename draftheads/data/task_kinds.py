@@ -43,17 +43,18 @@ LEADS = {
                   "Give three reasons why"),
     "math": ("Solve this math problem step by step:", "A store sells", "If a train travels", "Calculate",
              "Solve for x:", "Tom has", "What is the probability that"),
-    "coding": ("Write a Python function", "Write a Python function", "Write a JavaScript function", "Write a Python class",
-               "Write a SQL query", "How do I", "Write a function in C that"),
+    "coding": ("Write a Python function", "Write a Python function", "Write a JavaScript function",
+               "Write a Python class", "Write a SQL query", "How do I", "Write a function in C that"),
     "stem": ("Explain how", "What is the difference between", "Describe the process of", "How does", "What causes"),
     "humanities": ("What were the causes of", "Who was", "Describe the history of", "What is the significance of",
                    "Discuss the main ideas of"),
     "translation": ("Translate the following sentence into French:", "Translate this text into Spanish:",
-                    "Translate into German:", "Translate the following into Italian:", "How would you say this in French:"),
+                    "Translate into German:", "Translate the following into Italian:",
+                    "How would you say this in French:"),
 }
 # Into English, the text to translate is the target's own translation of a message it wrote after a LEADS one.
-INTO_ENGLISH = ("Translate this into English:", "Translate the following text into English:", "Please translate to English:",
-                "What does this mean in English?")
+INTO_ENGLISH = ("Translate this into English:", "Translate the following text into English:",
+                "Please translate to English:", "What does this mean in English?")
 ARTICLE_LEADS = ("Write a detailed article about", "Write an informative essay about", "Write a report on",
                  "Write a long explanation of")
 SUMMARIZE = ("Give a short summary of the text below.\n\n{text}", "{text}\n\nSummarize this in a few sentences.",
@@ -98,9 +99,11 @@ def resolve_kinds(kinds) -> dict[str, float]:
         raise DraftheadsError(f"data.prompts: kinds must be 'general' or a mapping {{kind: weight}}, got {kinds!r}")
     for kind, weight in kinds.items():
         if kind not in KINDS:
-            raise DraftheadsError(f"data.prompts: unknown task kind '{kind}'{suggest(str(kind), KINDS)}; kinds are {', '.join(KINDS)}")
+            raise DraftheadsError(f"data.prompts: unknown task kind '{kind}'{suggest(str(kind), KINDS)}; kinds are "
+                                  f"{', '.join(KINDS)}")
         if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0:
-            raise DraftheadsError(f"data.prompts: the weight of kind '{kind}' must be a positive number, got {weight!r}")
+            raise DraftheadsError(f"data.prompts: the weight of kind '{kind}' must be a positive number, got "
+                                  f"{weight!r}")
     return {k: float(w) for k, w in kinds.items()}
 
 
@@ -132,7 +135,8 @@ def kind_prompts(kind: str, count: int, writers: Writers, src, seed: int, skippe
             message = rng.choice(EXTRACT).format(text=text)
         elif kind == "qa":
             question = item["question"]
-            message = rng.choice(QA).format(text=text, question=question, question_lower=question[0].lower() + question[1:])
+            message = rng.choice(QA).format(text=text, question=question,
+                                            question_lower=question[0].lower() + question[1:])
         else:   # retrieval: the passage among others, written for this kind's other prompts
             others = [p["text"] for j, p in enumerate(passages) if j != i]
             docs = rng.sample(others, min(len(others), DOCUMENTS_PER_RETRIEVAL - 1)) + [text]
@@ -171,7 +175,8 @@ def into_english(count: int, writers: Writers, src, seed: int, skipped: collecti
         if need <= 0:
             break
         asks = make_messages(need + need // 4 + 2, src, seed * 37 + attempt, LEADS["translation"])
-        for ask, (text, finished) in zip(asks, writers.reply(asks, src.max_tokens, src.temperature, seed * 139 + attempt)):
+        for ask, (text, finished) in zip(asks, writers.reply(asks, src.max_tokens, src.temperature,
+                                                             seed * 139 + attempt)):
             foreign, reason = clean_passage(text, finished, min_words=3)
             if not reason and normalise_words(foreign) in normalise_words(ask):
                 reason = "a copy, not a translation"

@@ -13,9 +13,9 @@ With `switch=True` the combination stops paying for the learned tree while the t
 when the previous lookup chain had at least `copy_after` of its tokens committed and lookup finds a
 continuation again, the lookup chain is verified alone (no learned drafting, a verification of
 lookup_depth + 1 tokens instead of the whole tree); the first time lookup misses or finds nothing,
-the grafted tree comes back. It saves the learned drafting (half a decode step for a 6-deep tree on a
-2-core CPU) where lookup carries the text; measured there it pays on copy-heavy retrieval and loses
-elsewhere, where the learned branches it drops would have been accepted (README, general drafter).
+the grafted tree comes back. It saves the learned drafting, a large share of a step on a CPU, where lookup
+carries the text: it pays on copy-heavy retrieval and loses elsewhere, where the learned branches it drops
+would have been accepted (docs/general-drafters.md).
 
 With a `gate` (decoding/gate.py) the learned tree is drafted only while the tokens it adds pay for what it costs
 on this machine, judged apart for steps where lookup found a chain and steps where it found nothing; a step that

@@ -65,12 +65,14 @@ class Decoder:
     """
 
     def __init__(self, target, drafter: Drafter | None, tree: Tree | DynamicTreeSpec | None, settings,
-                 generators: list[torch.Generator], max_new_tokens: list[int] | None = None, plain_above: int | None = None):
+                 generators: list[torch.Generator], max_new_tokens: list[int] | None = None,
+                 plain_above: int | None = None):
         self.target, self.drafter, self.settings, self.plain_above = target, drafter, settings, plain_above
         self.tree = ROOT_ONLY if drafter is None else tree
         self.feature_layers = tuple(drafter.feature_layers) if drafter is not None else ()
         budgets = max_new_tokens or [settings.max_new_tokens] * len(generators)
-        drafters = [drafter] + [copy.copy(drafter) for _ in generators[1:]] if drafter is not None else [None] * len(generators)
+        drafters = ([drafter] + [copy.copy(drafter) for _ in generators[1:]] if drafter is not None
+                    else [None] * len(generators))
         self.rows = [Row(d, g, n) for d, g, n in zip(drafters, generators, budgets)]
         self.live: list[int] = []  # rows still generating, in the cache's row order
         self.cache = None
@@ -91,7 +93,8 @@ class Decoder:
         ids, mask = left_pad(prompts)
         self.cache = new_cache(self.target)
         out = prefill(self.target, ids, self.cache, self.feature_layers, None if mask.all() else mask)
-        firsts = [self._pick(self.settings.warp(out.logits[r : r + 1, -1]), row.generator) for r, row in enumerate(self.rows)]
+        firsts = [self._pick(self.settings.warp(out.logits[r : r + 1, -1]), row.generator)
+                  for r, row in enumerate(self.rows)]
         self.pending = torch.cat(firsts)
         self.valid = None if mask.all() else mask.bool()
         self.live = list(range(len(self.rows)))
@@ -183,7 +186,8 @@ class Decoder:
             context = row.stats.prompt_tokens + len(row.generated) - len(out)
             row.stats.record_step(tree, path.tolist(), len(out), draft_s=draft_s, verify_s=verify_s, context=context)
 
-    def _features(self, features: torch.Tensor | None, r: int, last: int | None, index: torch.Tensor | None) -> torch.Tensor:
+    def _features(self, features: torch.Tensor | None, r: int, last: int | None,
+                  index: torch.Tensor | None) -> torch.Tensor:
         """Row r's features [1, n, F] at its last `last` positions or at `index` (F = 0 when the drafter reads none)."""
         if features is None:
             n = -last if index is None else len(index)

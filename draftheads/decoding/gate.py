@@ -54,8 +54,8 @@ def gate_costs(target, drafter, nodes: int, depth: int, lookup_depth: int, conte
 def measured_costs(lookup, combined, learned_nodes: int, fallback: Callable[[], GateCosts]) -> GateCosts:
     """The costs from steps timed on this machine (GenerationStats of prompt lookup alone and of the grafted
     combination, run on the same prompts): each situation's median step (draft and verification) with and
-    without the learned tree. Here a forward's first extra token can cost half a decode step (fp32 on a 2-core
-    CPU), which the profile's per-token line smooths away. A situation without timed steps takes `fallback()`'s
+    without the learned tree. On a CPU a forward's first extra token can cost far more than the ones after it,
+    which the profile's per-token line smooths away. A situation without timed steps takes `fallback()`'s
     (called only then: an estimate may need timing of its own).
     A combined step with more nodes than the learned tree had a lookup chain grafted on; one with as many may
     have had a chain that the learned tree held already, which counts it as chainless (slightly cheaper)."""

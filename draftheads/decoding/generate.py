@@ -84,8 +84,8 @@ def speculative_generate(
         row.stats.new_tokens += len(row.generated)
         row.stats.total_s += total / len(decoder.rows)
     width = max(len(row.generated) for row in decoder.rows)
-    tokens = torch.tensor([row.generated + [-1] * (width - len(row.generated)) for row in decoder.rows], dtype=torch.long,
-                          device=prompts[0].device)
+    tokens = torch.tensor([row.generated + [-1] * (width - len(row.generated)) for row in decoder.rows],
+                          dtype=torch.long, device=prompts[0].device)
     return GenerationResult(tokens, GenerationStats.merged(row.stats for row in decoder.rows),
                             [row.generated for row in decoder.rows], [row.stats for row in decoder.rows])
 
@@ -122,9 +122,9 @@ def check_drafter_fits(drafter, target) -> None:
         return  # prompt lookup, and drafters of the caller's own: nothing to compare
     dims = target_dims(target.config)
     if (drafter.hidden_size, drafter.vocab_size) != (dims.hidden_size, dims.vocab_size):
-        raise DraftheadsError(f"this drafter was built for a target with hidden size {drafter.hidden_size} and vocabulary "
-                              f"{drafter.vocab_size}, but this target has {dims.hidden_size} and {dims.vocab_size}; "
-                              "use the target it was trained on")
+        raise DraftheadsError(f"this drafter was built for a target with hidden size {drafter.hidden_size} and "
+                              f"vocabulary {drafter.vocab_size}, but this target has {dims.hidden_size} and "
+                              f"{dims.vocab_size}; use the target it was trained on")
 
 
 def resolve_tree(drafter, tree) -> Tree | DynamicTreeSpec | None:
@@ -136,7 +136,8 @@ def resolve_tree(drafter, tree) -> Tree | DynamicTreeSpec | None:
                               "observe, propose)")
     spec = parse_tree(tree) if tree is not None else drafter.default_tree
     if isinstance(spec, AutoTreeSpec):
-        raise DraftheadsError("an auto tree is fitted to a drafter by draftheads eval; give chain:K, static:PATHS or dynamic:TOPK,DEPTH,TOTAL")
+        raise DraftheadsError("an auto tree is fitted to a drafter by draftheads eval; give chain:K, static:PATHS or "
+                              "dynamic:TOPK,DEPTH,TOTAL")
     if isinstance(spec, Tree) and spec.num_nodes == 1:
         raise DraftheadsError("the draft tree has no draft nodes; give chain:K with K >= 1 or some index paths")
     return spec

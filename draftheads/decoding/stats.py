@@ -42,20 +42,25 @@ class GenerationStats:
     prefill_s: float = 0.0           # target prefill forward + sampling the first token
     draft_prefill_s: float = 0.0     # drafter.reset + drafter.observe of the prompt
     total_s: float = 0.0             # wall time of the whole call, everything included
-    step_emitted: list[int] = field(default_factory=list)     # per step: tokens emitted (accepted drafts + 1, after EOS / max_new_tokens truncation)
+    step_emitted: list[int] = field(default_factory=list)     # per step: tokens emitted (accepted drafts + 1, after
+                                                              # EOS / max_new_tokens truncation)
     step_accepted: list[int] = field(default_factory=list)    # per step: drafts accepted (before truncation)
     step_nodes: list[int] = field(default_factory=list)       # per step: tree nodes verified, root included
     step_draft_s: list[float] = field(default_factory=list)   # per step: drafter.propose + drafter.observe
     step_verify_s: list[float] = field(default_factory=list)  # per step: target forward + acceptance + cache compaction
-    step_context: list[int] = field(default_factory=list)     # per step: tokens committed before it (prompt + generated)
+    step_context: list[int] = field(default_factory=list)     # per step: tokens committed before it (prompt +
+                                                              # generated)
     drafted: list[int] = field(default_factory=list)          # per depth d: draft nodes verified at depth d+1
-    reached: list[int] = field(default_factory=list)          # per depth d: steps whose accepted path reached depth d at a node with children
+    reached: list[int] = field(default_factory=list)          # per depth d: steps whose accepted path reached depth d
+                                                              # at a node with children
     accepted: list[int] = field(default_factory=list)         # per depth d: steps that accepted a node at depth d+1
     accepted_rank: list[list[int]] = field(default_factory=list)  # [d][r]: accepted depth-(d+1) node had sibling rank r
 
     # ---- recording -------------------------------------------------------------------------
-    def record_step(self, tree, path: list[int], emitted: int, draft_s: float, verify_s: float, context: int = 0) -> None:
-        """path: accepted node indices of `tree`, root first (untruncated); context: tokens committed before the step."""
+    def record_step(self, tree, path: list[int], emitted: int, draft_s: float, verify_s: float,
+                    context: int = 0) -> None:
+        """path: accepted node indices of `tree`, root first (untruncated); context: tokens committed before the
+        step."""
         self.step_context.append(context)
         self.step_emitted.append(emitted)
         self.step_accepted.append(len(path) - 1)
@@ -64,7 +69,8 @@ class GenerationStats:
         self.step_verify_s.append(verify_s)
         depth = tree.depth
         per_depth, reached, accepted = [0] * depth, [0] * depth, [0] * depth
-        ranks = [[0] * (1 + max(tree.ranks[n] for n in range(tree.num_nodes) if tree.depths[n] == d + 1)) for d in range(depth)]
+        ranks = [[0] * (1 + max(tree.ranks[n] for n in range(tree.num_nodes) if tree.depths[n] == d + 1))
+                 for d in range(depth)]
         for node in range(1, tree.num_nodes):
             per_depth[tree.depths[node] - 1] += 1
         for d, node in enumerate(path[:depth]):
@@ -115,7 +121,8 @@ class GenerationStats:
         for low, high in zip(edges, [*edges[1:], None]):
             steps = [e for e, c in zip(self.step_emitted, self.step_context) if c >= low and (high is None or c < high)]
             if steps:
-                out.append({"context": f"{low}-{high}" if high else f"{low}+", "steps": len(steps), "tau": sum(steps) / len(steps)})
+                out.append({"context": f"{low}-{high}" if high else f"{low}+", "steps": len(steps),
+                            "tau": sum(steps) / len(steps)})
         return out
 
     @property

@@ -49,8 +49,8 @@ def check_length(target, total_len: int) -> None:
     window = sliding_window(target)
     if window is not None and total_len >= window:
         raise DraftheadsError(
-            f"this target uses sliding-window attention (window {window}) and the prompt plus new tokens plus the draft "
-            f"tree need {total_len} positions; lower max_new_tokens or shorten the prompt"
+            f"this target uses sliding-window attention (window {window}) and the prompt plus new tokens plus the "
+            f"draft tree need {total_len} positions; lower max_new_tokens or shorten the prompt"
         )
 
 
@@ -69,14 +69,14 @@ def prefill(target, input_ids: torch.Tensor, cache: DynamicCache, feature_layers
     Prompts of different lengths come left-padded with `attention_mask` [b, s] (1 for real tokens);
     each row's positions then count its own tokens only."""
     positions = None if attention_mask is None else (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    out = target(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=cache, use_cache=True,
-                 logits_to_keep=1, output_hidden_states=bool(feature_layers))
+    out = target(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=cache,
+                 use_cache=True, logits_to_keep=1, output_hidden_states=bool(feature_layers))
     return TargetOutput(out.logits, gather_features(out.hidden_states, feature_layers))
 
 
 @torch.no_grad()
-def verify(target, cache: DynamicCache, tokens: torch.Tensor, tree: Tree | list[Tree], feature_layers: tuple[int, ...] = (),
-           valid: torch.Tensor | None = None) -> TargetOutput:
+def verify(target, cache: DynamicCache, tokens: torch.Tensor, tree: Tree | list[Tree],
+           feature_layers: tuple[int, ...] = (), valid: torch.Tensor | None = None) -> TargetOutput:
     """One target forward over the trees' tokens [b, N] on top of the cache -> logits [b, N, V].
 
     `tree` is every row's, or a list with one per row (tokens right-padded to the largest; a padding

@@ -23,7 +23,8 @@ def check_table(accuracy) -> list[list[float]]:
     if not table or not all(table) or any(not 0 <= a <= 1 for row in table for a in row):
         raise DraftheadsError("the accuracy table must be non-empty rows (one per depth) of probabilities in [0, 1]")
     if any(sum(row) > 1 + 1e-6 for row in table):
-        raise DraftheadsError("each depth's per-rank accuracies must sum to at most 1; convert cumulative top-k with from_topk")
+        raise DraftheadsError("each depth's per-rank accuracies must sum to at most 1; convert cumulative top-k "
+                              "with from_topk")
     return table
 
 

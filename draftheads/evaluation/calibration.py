@@ -54,7 +54,8 @@ def fit_auto_trees(model, tokenizer, entries: list[Entry], calibration, settings
         probe = Entry(entry.name, entry.kind, entry.drafter, comb, comb.depth)
         runs = [generate_conversations(model, tokenizer, [c], probe, RunConfig("greedy", 0.0), settings)[0]
                 for c in calibration]
-        table = [row + [0.0] * (COMB_WIDTH - len(row)) for row in GenerationStats.merged(r.stats for r in runs).rank_accuracy]
+        table = [row + [0.0] * (COMB_WIDTH - len(row))
+                 for row in GenerationStats.merged(r.stats for r in runs).rank_accuracy]
         try:
             if spec.objective == "speed":
                 costs = profile_entry(model, tokenizer, entry, calibration, settings)
@@ -69,7 +70,8 @@ def fit_auto_trees(model, tokenizer, entries: list[Entry], calibration, settings
             tree, note = Tree.chain(1), f"auto:{budget} -> chain:1 (no draft matched during calibration)"
         entry.tree, entry.depth = tree, tree.depth
         print(f"draftheads eval: {entry.name}: {note}: {describe_tree(tree)}", flush=True)
-        entry.info.update(tree=f"{describe_tree(tree)} (auto)", auto_tree=note, accuracy_table=table, tree_paths=list(tree.paths))
+        entry.info.update(tree=f"{describe_tree(tree)} (auto)", auto_tree=note, accuracy_table=table,
+                          tree_paths=list(tree.paths))
     for entry in entries:
         if entry.kind == "combined":
             source = learned_source(entries, entry)

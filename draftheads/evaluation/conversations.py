@@ -64,7 +64,8 @@ def load_conversations(source: str, limit: int | None, tokenizer, settings: Eval
     for reason, count in found.items():
         skipped[reason] = skipped.get(reason, 0) + count
     if not conversations:
-        raise DraftheadsError(f"no prompt of '{source}' fits the target's context; use shorter prompts or lower max_new_tokens")
+        raise DraftheadsError(f"no prompt of '{source}' fits the target's context; use shorter prompts or lower "
+                              "max_new_tokens")
     extra = fitting(prompts[limit:], limit, tokenizer, settings)[0][:calibration] if limit is not None else []
     return conversations, skipped, extra or conversations[:calibration]
 

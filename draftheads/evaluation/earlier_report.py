@@ -46,7 +46,8 @@ def read_earlier(path: str) -> EarlierReport:
                 for r in report["results"] if r.get("batch_size", 1) == 1 and r.get("steps", 1)}
         settings = report["settings"]
     except FileNotFoundError:
-        raise DraftheadsError(f"--tau-from: no report at {file}; give the folder or report.json of an earlier draftheads eval") from None
+        raise DraftheadsError(f"--tau-from: no report at {file}; give the folder or report.json of an earlier "
+                              "draftheads eval") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise DraftheadsError(f"--tau-from: {file} is not a draftheads eval report ({type(e).__name__}: {e}); "
                               "give the report.json an earlier draftheads eval wrote") from None

@@ -98,7 +98,8 @@ def engine_configs(drafters: dict[str, Path], draft_tokens: list[int], ngram: bo
                 configs.append(EngineConfig(label, "drafter", (*drafter, "--spec-type", "draft-eagle3"), name, n, p))
                 if ngram:
                     configs.append(EngineConfig(f"{label} + {PAIRED_NGRAM}", "drafter+ngram",
-                                                (*drafter, "--spec-type", f"draft-eagle3,{PAIRED_NGRAM}", *SHORT[PAIRED_NGRAM]),
+                                                (*drafter, "--spec-type", f"draft-eagle3,{PAIRED_NGRAM}",
+                                                 *SHORT[PAIRED_NGRAM]),
                                                 name, n, p))
     return configs
 
@@ -110,15 +111,17 @@ def run_engine_eval(drafters: list[str], config: EngineEvalConfig | None = None,
     for our own loop instead of loading the target (tests)."""
     config = config or EngineEvalConfig()
     if engine != "llama.cpp":
-        raise DraftheadsError(f"engine {engine}: only llama.cpp runs on this kind of machine (vLLM and SGLang need a GPU)")
+        raise DraftheadsError(f"engine {engine}: only llama.cpp runs on this kind of machine (vLLM and SGLang "
+                              "need a GPU)")
     paths = learned_paths(drafters)
     if not paths:
-        raise DraftheadsError("draftheads engine eval needs an EAGLE-3 drafter folder (prompt lookup runs in our own loop "
-                              "only)")
+        raise DraftheadsError("draftheads engine eval needs an EAGLE-3 drafter folder (prompt lookup runs in our own "
+                              "loop only)")
     draft_tokens, p_mins = sorted(set(config.draft_tokens)), sorted(set(config.p_mins))
     check_report_folder(out)
     folder = report_folder(out, drafters)
-    exports = export_for_engine(paths, folder / "gguf", target)   # refuses a drafter llama.cpp cannot run, before the build
+    # refuses a drafter llama.cpp cannot run, before the build
+    exports = export_for_engine(paths, folder / "gguf", target)
     tools = install_llama_cpp()
     model, tokenizer, target_info = load_eval_target(target, config.dtype, paths, target_model)
     settings = engine_settings(model, tokenizer, config.max_new_tokens)
@@ -126,8 +129,8 @@ def run_engine_eval(drafters: list[str], config: EngineEvalConfig | None = None,
     target_gguf = folder / "gguf" / next(iter(exports)) / next(iter(exports.values()))["target"]
     configs = engine_configs({name: folder / "gguf" / name / DRAFTER_FILE for name in exports}, draft_tokens,
                              config.ngram, p_mins)
-    print(f"draftheads engine eval llama.cpp: {len(conversations)} prompts from {config.prompts}, {len(configs)} llama-server "
-          f"configurations at once ({tools.server})", flush=True)
+    print(f"draftheads engine eval llama.cpp: {len(conversations)} prompts from {config.prompts}, {len(configs)} "
+          f"llama-server configurations at once ({tools.server})", flush=True)
     sides = measure_engine(tools.server, target_gguf, configs, conversations, tokenizer, settings, folder / "logs",
                            config.threads)
     ours_tau = our_tau(exports, model, tokenizer, conversations, settings, draft_tokens) if config.ours else {}
@@ -173,8 +176,10 @@ def engine_settings(model, tokenizer, max_new_tokens: int) -> EvalSettings:
     """Conversations up to the target's context (at most MAX_CONTEXT tokens, each server's KV cache)."""
     max_length = min(context_limit(model), MAX_CONTEXT) - 1
     if max_length <= max_new_tokens + 1:
-        raise DraftheadsError(f"max_new_tokens {max_new_tokens} does not fit the target's context of {max_length + 1} tokens")
-    return EvalSettings(max_new_tokens, max_length, stop_token_ids(tokenizer, getattr(model, "generation_config", None)))
+        raise DraftheadsError(f"max_new_tokens {max_new_tokens} does not fit the target's context of "
+                              f"{max_length + 1} tokens")
+    return EvalSettings(max_new_tokens, max_length,
+                        stop_token_ids(tokenizer, getattr(model, "generation_config", None)))
 
 
 def measure_engine(server: Path, target_gguf: Path, configs: list[EngineConfig], conversations: list[Conversation],
@@ -183,12 +188,15 @@ def measure_engine(server: Path, target_gguf: Path, configs: list[EngineConfig],
     found: dict[str, list[Side]] = {c.name: [] for c in configs}
     # each server's KV cache holds the longest conversation: its first prompt, every reply, room for the later turns
     context = min(settings.max_length + 1, max(len(first_chat(tokenizer, c, settings).input_ids)
-                                               + len(c.users) * (settings.max_new_tokens + 256) for c in conversations) + 64)
+                                               + len(c.users) * (settings.max_new_tokens + 256)
+                                               for c in conversations) + 64)
     with contextlib.ExitStack() as stack:
-        servers = {c.name: stack.enter_context(LlamaServer(server, target_gguf, list(c.args), logs / f"{slug(c.name)}.log",
+        servers = {c.name: stack.enter_context(LlamaServer(server, target_gguf, list(c.args),
+                                                           logs / f"{slug(c.name)}.log",
                                                            threads, context)) for c in configs}
         for running in servers.values():   # one-off costs (allocations, the first graphs) out of the numbers
-            running.complete(first_chat(tokenizer, conversations[0], settings).input_ids, min(8, settings.max_new_tokens))
+            running.complete(first_chat(tokenizer, conversations[0], settings).input_ids,
+                             min(8, settings.max_new_tokens))
         bar = tqdm(total=len(conversations) * len(configs), desc="draftheads engine eval llama.cpp", unit="run",
                    mininterval=1.0)
         for i, conv in enumerate(conversations):
@@ -213,7 +221,8 @@ def converse(server: LlamaServer, conv: Conversation, tokenizer, settings: EvalS
 
 def our_tau(exports: dict[str, dict], model, tokenizer, conversations, settings: EvalSettings,
             draft_tokens: list[int]) -> dict[tuple[str, int], dict]:
-    """(drafter, n) -> our loop's tau and acceptance per depth for that drafter drafting chain:n, greedy, same prompts."""
+    """(drafter, n) -> our loop's tau and acceptance per depth for that drafter drafting chain:n, greedy, same
+    prompts."""
     out = {}
     for name, record in exports.items():
         for n in draft_tokens:
@@ -222,8 +231,8 @@ def our_tau(exports: dict[str, dict], model, tokenizer, conversations, settings:
             runs = [generate_conversations(model, tokenizer, [conv], entry, RunConfig("greedy", 0.0), settings)[0]
                     for conv in conversations]   # one at a time, as the engine decodes them
             stats = GenerationStats.merged(r.stats for r in runs)
-            out[(name, n)] = {"tau": stats.tau, "acceptance_rates": stats.acceptance_rates, "new_tokens": stats.new_tokens,
-                              "outputs": [r.tokens for r in runs]}
+            out[(name, n)] = {"tau": stats.tau, "acceptance_rates": stats.acceptance_rates,
+                              "new_tokens": stats.new_tokens, "outputs": [r.tokens for r in runs]}
     return out
 
 

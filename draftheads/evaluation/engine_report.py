@@ -24,13 +24,14 @@ def engine_rows(configs, sides: dict, ours: dict) -> list[dict]:
     plain = summary(sides[configs[0].name])
     rows = []
     for config in configs:
-        row = {"config": config.name, "kind": config.kind, "drafter": config.drafter, "draft_tokens": config.draft_tokens,
-               "p_min": config.p_min,
+        row = {"config": config.name, "kind": config.kind, "drafter": config.drafter,
+               "draft_tokens": config.draft_tokens, "p_min": config.p_min,
                **summary(sides[config.name])}
         row["speedup"] = row["tokens_per_s"] / plain["tokens_per_s"] if plain["tokens_per_s"] else None
         row.update(compare(sides[configs[0].name], sides[config.name]))
         # our loop drafts the whole chain: compared with the engine's own full-length drafts (p_min 0)
-        mine = ours.get((config.drafter, config.draft_tokens)) if config.kind == "drafter" and not config.p_min else None
+        mine = (ours.get((config.drafter, config.draft_tokens)) if config.kind == "drafter" and not config.p_min
+                else None)
         row["our_tau"] = mine["tau"] if mine else None
         row["our_acceptance_rates"] = mine["acceptance_rates"] if mine else None
         row["tau_gap"] = row["tokens_per_pass"] / mine["tau"] - 1 if mine and mine["tau"] else None
@@ -69,8 +70,9 @@ def format_engine_table(rows: list[dict]) -> str:
         gap = None if r["tau_gap"] is None else 100 * r["tau_gap"]
         lines.append("| " + " | ".join([
             r["config"], str(r["draft_tokens"] or "-"), _f(r["tokens_per_s"], ".1f"), _f(r["speedup"], ".2f", "x"),
-            str(r["drafted"]), str(r["accepted"]), _f(None if r["acceptance"] is None else 100 * r["acceptance"], ".0f", "%"),
-            _f(r["tokens_per_pass"]), _f(r["our_tau"]), _f(gap, "+.0f", "%"), f"{r['greedy_mismatches']}/{r['prompts']}",
+            str(r["drafted"]), str(r["accepted"]),
+            _f(None if r["acceptance"] is None else 100 * r["acceptance"], ".0f", "%"), _f(r["tokens_per_pass"]),
+            _f(r["our_tau"]), _f(gap, "+.0f", "%"), f"{r['greedy_mismatches']}/{r['prompts']}",
         ]) + " |")
     return "\n".join(lines)
 
@@ -82,13 +84,14 @@ def format_engine_markdown(report: dict) -> str:
     best = max((r for r in rows if r["kind"] != "plain"), key=lambda r: r["speedup"] or 0, default=None)
     out = [
         "# draftheads engine eval llama.cpp", "",
-        f"{report['created']} · llama.cpp from {engine['sdist']} ({engine['server']}) · target `{Path(target['gguf']).name}` · "
-        f"{hw['cpu']} ({hw['cpu_count']} cores)", "",
+        f"{report['created']} · llama.cpp from {engine['sdist']} ({engine['server']}) · target "
+        f"`{Path(target['gguf']).name}` · {hw['cpu']} ({hw['cpu_count']} cores)", "",
         f"Prompts: {s['prompts']} ({report['prompt_count']} conversations, {report['prompts_skipped']} skipped) · "
         f"max_new_tokens {s['max_new_tokens']} · greedy · one llama-server per configuration, all decoding every "
         "conversation back to back (order reversed each conversation)", "",
         format_engine_table(rows), "",
-        f"Fastest: **{best['config']}**, {best['speedup']:.2f}x over llama.cpp plain decoding." if best and best["speedup"] else "",
+        f"Fastest: **{best['config']}**, {best['speedup']:.2f}x over llama.cpp plain decoding."
+        if best and best["speedup"] else "",
         "",
         "- tok/s: generated tokens per second of the engine's own time, prompt processing included; speedup = tok/s / "
         "llama.cpp plain's.",
@@ -102,7 +105,8 @@ def format_engine_markdown(report: dict) -> str:
     ]
     if report.get("plots"):
         out += ["", "## Plots", ""] + [f"![{name}]({name})" for name in report["plots"]]
-    out += ["", "## Setup", "", "```json", json.dumps({"settings": s, "engine": engine}, indent=1, default=str), "```", ""]
+    out += ["", "## Setup", "", "```json", json.dumps({"settings": s, "engine": engine}, indent=1, default=str),
+            "```", ""]
     return "\n".join(out)
 
 

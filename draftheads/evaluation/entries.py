@@ -78,7 +78,8 @@ def learned_entry(path: str, model, tree, taken: list[str]) -> Entry:
     drafter = load_drafter(folder, model)
     used = tree or drafter.default_tree
     if isinstance(used, DynamicTreeSpec) and drafter.config.type in ("medusa", "medusa2"):
-        raise DraftheadsError(f"{path}: Medusa heads draft static trees; give --tree chain:K or static:PATHS, not dynamic")
+        raise DraftheadsError(f"{path}: Medusa heads draft static trees; give --tree chain:K or static:PATHS, "
+                              "not dynamic")
     name = drafter_name(folder)
     while name in taken:
         name += "'"

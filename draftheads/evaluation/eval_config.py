@@ -24,7 +24,8 @@ def flag(default, text: str, name: str | None = None):
 
 
 def check_prompts(prompts: str, limit: int | None, max_new_tokens: int) -> None:
-    check(bool(str(prompts).strip()), "eval.prompts (--prompts) is empty; give humaneval, tasks, long, a file or a hub dataset")
+    check(bool(str(prompts).strip()),
+          "eval.prompts (--prompts) is empty; give humaneval, tasks, long, a file or a hub dataset")
     check(limit is None or limit >= 1, f"eval.limit (--limit) must be a whole number >= 1, got {limit}")
     check_new_tokens(max_new_tokens)
 
@@ -41,7 +42,8 @@ class EvalConfig:
     top_k: int = flag(0, "sample from the target's k most likely tokens (0: all)")
     top_p: float = flag(1.0, "sample from the smallest set of the target's tokens holding this probability (1: all)")
     tree: str | None = flag(None, "chain:K, static:PATHS, dynamic:TOPK,DEPTH,TOTAL, auto[:NODES] (fastest on this "
-                                  "machine) or auto:tau[:NODES] (most tokens per forward) (default: the drafter's)", "--tree")
+                                  "machine) or auto:tau[:NODES] (most tokens per forward) (default: the drafter's)",
+                            "--tree")
     max_new_tokens: int = flag(128, "tokens generated per prompt", "--max-new-tokens")
     typical_epsilon: float = flag(0.09, "typical acceptance: hard threshold epsilon")
     typical_delta: float = flag(0.3, "typical acceptance: entropy-scaled threshold delta")
@@ -64,8 +66,9 @@ class EvalConfig:
                                 "--tau-from")
 
     def __post_init__(self):
-        check(bool(self.accept) and bool(self.temperatures), "give at least one acceptance rule (eval.accept, --accept) "
-                                                              "and one temperature (eval.temperatures, --temperature)")
+        check(bool(self.accept) and bool(self.temperatures),
+              "give at least one acceptance rule (eval.accept, --accept) "
+              "and one temperature (eval.temperatures, --temperature)")
         for rule in self.accept:
             check_rule(rule, "eval.accept (--accept)")
         for temperature in self.temperatures:
@@ -93,8 +96,8 @@ class EngineEvalConfig:
     limit: int | None = flag(20, "evaluate on at most this many prompts", "--limit")
     max_new_tokens: int = flag(128, "tokens generated per prompt", "--max-new-tokens")
     draft_tokens: list[int] = flag([2, 3, 4, 5], "draft lengths (llama.cpp's --spec-draft-n-max)", "--draft-tokens")
-    p_mins: list[float] = flag([0.0], "confidence floors: llama.cpp stops a draft at a token the drafter gives less than "
-                                      "this probability (0: always the full length)", "--draft-p-min")
+    p_mins: list[float] = flag([0.0], "confidence floors: llama.cpp stops a draft at a token the drafter gives less "
+                                      "than this probability (0: always the full length)", "--draft-p-min")
     ngram: bool = flag(True, "also run llama.cpp's n-gram modes, alone and beside each drafter", "--no-ngram")
     ours: bool = flag(True, "also run our own loop on the same drafters and prompts, for its tau")
     dtype: Literal["auto", "bf16", "fp16", "fp32"] = flag("auto", "our own loop's target dtype", "--dtype")

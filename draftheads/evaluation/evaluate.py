@@ -61,11 +61,13 @@ def run_eval(drafters: list[str], config: EvalConfig | None = None, *, target: s
     price_gates(model, tokenizer, entries, calibration, settings, profile, lengths)
     predictions = predict_entries(model, tokenizer, entries, configs, calibration, settings, profile, lengths, earlier)
     print(f"draftheads eval: {len(conversations)} prompts from {config.prompts}, {len(entries)} drafters "
-          f"({', '.join(e.name for e in entries)}), {len(configs)} rule/temperature settings, target {target_info['name']} "
-          f"in {target_info['dtype']}", flush=True)
+          f"({', '.join(e.name for e in entries)}), {len(configs)} rule/temperature settings, target "
+          f"{target_info['name']} in {target_info['dtype']}", flush=True)
     batch_sizes = sorted(set(config.batch_sizes))
-    found = measure(model, tokenizer, conversations, entries, configs, settings, progress, batch_sizes, config.plain_above)
-    rows = [row for size, at_size in found.items() for row in build_rows(at_size, entries, configs, conversations, size)]
+    found = measure(model, tokenizer, conversations, entries, configs, settings, progress, batch_sizes,
+                    config.plain_above)
+    rows = [row for size, at_size in found.items()
+            for row in build_rows(at_size, entries, configs, conversations, size)]
     for row in rows:
         row.update(prediction_columns(predictions.get((row["drafter"], row["rule"], row["temperature"])), row))
     folder = report_folder(out, drafters)
@@ -76,9 +78,10 @@ def run_eval(drafters: list[str], config: EvalConfig | None = None, *, target: s
             "temperatures": [float(t) for t in config.temperatures], "tree": config.tree,
             "max_new_tokens": config.max_new_tokens, "dtype": target_info["dtype"], "seed": config.seed,
             "seed_rule": SEED_RULE, "top_k": config.top_k, "top_p": config.top_p, "combined": config.combined_modes,
-            "typical_epsilon": config.typical_epsilon, "typical_delta": config.typical_delta, "stop_ids": settings.stop_ids,
-            "batch_sizes": batch_sizes, "plain_above": config.plain_above,
-            "calibration_prompts": [c.prompt_id for c in calibration], "tau_from": str(earlier.path) if earlier else None,
+            "typical_epsilon": config.typical_epsilon, "typical_delta": config.typical_delta,
+            "stop_ids": settings.stop_ids, "batch_sizes": batch_sizes, "plain_above": config.plain_above,
+            "calibration_prompts": [c.prompt_id for c in calibration],
+            "tau_from": str(earlier.path) if earlier else None,
         },
         "cost_profile": {"key": profile.key, "created": profile.created},
         **results_section(found, entries, conversations, skipped, rows),
@@ -97,5 +100,6 @@ def print_summary(rows: list[dict], report: dict, dtype: str) -> None:
         print(format_batch_table(report["batch_curve"]))
     broken = [r["drafter"] for r in rows if r["greedy_mismatches"]]
     if broken and dtype == "fp32":
-        print(f"draftheads eval: WARNING: in fp32 greedy speculative output must equal plain decoding, but {', '.join(broken)} "
-              "differed (see mismatched_prompts in report.json): the drafter integration or the loop is broken", flush=True)
+        print("draftheads eval: WARNING: in fp32 greedy speculative output must equal plain decoding, but "
+              f"{', '.join(broken)} differed (see mismatched_prompts in report.json): the drafter integration or the "
+              "loop is broken", flush=True)

@@ -44,23 +44,26 @@ def predict_entries(model, tokenizer, entries: list[Entry], configs: list[RunCon
     out = {}
     for cfg in configs:
         setting = rule_setting(cfg.rule, cfg.temperature, settings.top_k, settings.top_p)
-        plain_setting = rule_setting("strict" if cfg.sampled else "greedy", cfg.temperature, settings.top_k, settings.top_p)
+        plain_setting = rule_setting("strict" if cfg.sampled else "greedy", cfg.temperature, settings.top_k,
+                                     settings.top_p)
         for entry in entries:
             # a few plain decode steps right before each drafter's runs: their time is the unit of its draft costs
             plain = generate_conversations(model, tokenizer, calibration[:1], None, RunConfig(
-                "greedy" if not cfg.sampled else "strict", cfg.plain_key), settings, max_new_tokens=UNIT_TOKENS)[0].stats
+                "greedy" if not cfg.sampled else "strict", cfg.plain_key), settings,
+                max_new_tokens=UNIT_TOKENS)[0].stats
             stats = GenerationStats.merged(r.stats for r in generate_conversations(model, tokenizer, calibration, entry,
                                                                                    cfg, settings))
             if not (stats.steps and plain.steps):
                 continue
             step = plain.decode_s / plain.steps
             shape, source = StepShape(stats.tau, sum(stats.step_nodes) / stats.steps, entry.depth), "calibration"
-            measured = earlier.shape(entry.name, cfg.rule, cfg.temperature, entry.info["tree"], entry.depth) if earlier else None
+            measured = (earlier.shape(entry.name, cfg.rule, cfg.temperature, entry.info["tree"], entry.depth)
+                        if earlier else None)
             if measured:
                 shape, source = measured, "earlier evaluation"
             elif earlier:
-                print(f"draftheads eval: {entry.name} {cfg.rule} T={cfg.temperature:g}: {earlier.describe()} has no row "
-                      f"with tree {entry.info['tree']}; predicting from the calibration prompts", flush=True)
+                print(f"draftheads eval: {entry.name} {cfg.rule} T={cfg.temperature:g}: {earlier.describe()} has no "
+                      f"row with tree {entry.info['tree']}; predicting from the calibration prompts", flush=True)
             out[(entry.name, cfg.rule, cfg.temperature)] = Forecast(
                 profile, setting, plain_setting, stats.mean_draft_s / step,
                 stats.draft_prefill_s / max(1, stats.prompt_tokens) / step, lengths,
@@ -82,4 +85,5 @@ def prediction_columns(forecast: Forecast | None, row: dict) -> dict:
     return {"predicted_speedup": before["speedup"], "predicted_tau": before["tau"], "predicted_from": forecast.source,
             "predicted_verify_cost": before["verify_cost"], "predicted_draft_cost": before["draft_cost"],
             "prediction_error": before["speedup"] / measured - 1 if measured else None,
-            "cost_model_speedup": given["speedup"], "cost_model_error": given["speedup"] / measured - 1 if measured else None}
+            "cost_model_speedup": given["speedup"],
+            "cost_model_error": given["speedup"] / measured - 1 if measured else None}

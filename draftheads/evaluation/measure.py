@@ -116,7 +116,8 @@ def jobs_for(entries: list[Entry], configs: list[RunConfig]) -> dict[float, list
     """plain key -> [(entry or None, config)]: each plain run first, then what is compared with it."""
     groups: dict[float, list] = {}
     for cfg in configs:
-        groups.setdefault(cfg.plain_key, [(None, RunConfig("greedy" if cfg.plain_key == 0 else "strict", cfg.plain_key))])
+        groups.setdefault(cfg.plain_key,
+                          [(None, RunConfig("greedy" if cfg.plain_key == 0 else "strict", cfg.plain_key))])
         groups[cfg.plain_key] += [(entry, cfg) for entry in entries]
     return groups
 
@@ -160,7 +161,8 @@ def measure(model, tokenizer, conversations: list[Conversation], entries: list[E
                 for key, jobs in groups.items():
                     for entry, cfg in (jobs if flip % 2 == 0 else jobs[::-1]):
                         bar.set_postfix_str(f"B={size} prompts {first + 1}-{first + len(batch)}/{len(conversations)} "
-                                            f"{entry.name if entry else 'plain'} {cfg.rule} T={cfg.temperature:g}", refresh=False)
+                                            f"{entry.name if entry else 'plain'} {cfg.rule} T={cfg.temperature:g}",
+                                            refresh=False)
                         outs = generate_conversations(model, tokenizer, batch, entry, cfg, settings,
                                                       logprob=cfg.temperature > 0, plain_above=plain_above)
                         store = found[size].plain[key] if entry is None else found[size].spec[(entry.name, cfg)]

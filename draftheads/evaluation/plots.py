@@ -83,7 +83,8 @@ def plot_accepted_lengths(rows: list[dict], path: Path) -> None:
             total = sum(hist) or 1
             ax.bar([n - 0.4 + (i + 0.5) * width for n in range(longest)], [h / total for h in hist], width=width,
                    label=row["drafter"])
-        ax.set(title=f"{rule}, T={temp:g}", xlabel="drafts accepted in a step", ylabel="share of steps", xticks=range(longest))
+        ax.set(title=f"{rule}, T={temp:g}", xlabel="drafts accepted in a step", ylabel="share of steps",
+               xticks=range(longest))
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels):]:
@@ -105,7 +106,8 @@ def plot_speedup_vs_batch(rows: list[dict], path: Path) -> None:
         name = f"{drafter} [{tree}] {rule} T={temp:g}"
         left.plot(sizes, [r["speedup"] or 0 for r in group], marker="o", label=name)
         right.plot(sizes, [r["tokens_per_s_spec"] for r in group], marker="o", label=name)
-        plain.setdefault(temp if rule != "greedy" else 0.0, {}).update((r["batch_size"], r["tokens_per_s_plain"]) for r in group)
+        plain.setdefault(temp if rule != "greedy" else 0.0, {}).update((r["batch_size"], r["tokens_per_s_plain"])
+                                                                       for r in group)
     for temp, by_size in plain.items():
         sizes = sorted(by_size)
         right.plot(sizes, [by_size[b] for b in sizes], color="black", ls="--", marker="x", label=f"plain T={temp:g}")
@@ -114,7 +116,8 @@ def plot_speedup_vs_batch(rows: list[dict], path: Path) -> None:
     right.set(xlabel="batch size", ylabel="generated tokens/s (whole batch)", title="Throughput vs batch size")
     for ax in (left, right):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted({r["batch_size"] for r in rows}), [str(b) for b in sorted({r["batch_size"] for r in rows})])
+        ax.set_xticks(sorted({r["batch_size"] for r in rows}),
+                      [str(b) for b in sorted({r["batch_size"] for r in rows})])
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
     save(plt, fig, path)

@@ -1,17 +1,17 @@
 """A hardware cost profile: what one target forward, one acceptance rule and one drafter cost on this machine.
 
 Speculative decoding pays when tau / (verify cost + draft cost) > 1, both costs in plain decode steps. On a
-GPU verifying 25 tokens costs about one decode step; on a CPU it does not (1.7 steps for SmolLM2-135M on 2
-cores), so every prediction here is made from times measured on the machine it is for:
+GPU verifying a few dozen tokens costs about one decode step; on a CPU it costs more, so every prediction here
+is made from times measured on the machine it is for:
 
     TargetProfile   a verify forward (greedy pick included) of n query tokens on c cached ones, on a grid of
                     n x c, read back by linear interpolation; the acceptance rules' own cost over n nodes
     DrafterProfile  a drafter's time per step, fitted as base + per level * depth + per node * nodes from
                     steps drafted with a few trees, and its prompt-observing cost per prompt token
 
-Profiles are cached as JSON under $DRAFTHEADS_PROFILES (default: profiles/ in the cache folder), keyed by what they depend on (target
-architecture and weights fingerprint, dtype, device, CPU, threads, library versions; a drafter's folder
-contents), so `draftheads eval` measures each once per machine. `draftheads profile` prints and plots them.
+Profiles are cached as JSON under $DRAFTHEADS_PROFILES (default: profiles/ in the cache folder), keyed by what they
+depend on (target architecture and weights fingerprint, dtype, device, CPU, threads, library versions; a drafter's
+folder contents), so `draftheads eval` measures each once per machine. `draftheads profile` prints and plots them.
 """
 
 from __future__ import annotations
@@ -93,13 +93,13 @@ class TargetProfile:
 
         On a cache, up to LINEAR_QUERIES tokens, a row is read through its least-squares line: there a forward costs
         a fixed part plus a small one per token, and single cells are noisy enough (a lucky fastest run at 1 token,
-        an unlucky one at 2) that reading them one by one made a 10-node verify look 1.4 decode steps at 1,000
-        tokens of context where the loop measured 1.1. Prefills (context 0) and bigger forwards interpolate cells."""
+        an unlucky one at 2) that reading them one by one overstated a verify's cost against what the loop then
+        took. Prefills (context 0) and bigger forwards interpolate cells."""
         measured = [(c, row) for c, row in zip(self.contexts, self.forward_s) if any(t is not None for t in row)]
         if context > 0:
             # a verify reads the rows timed on a cache, never the prefill row: a forward without a cache takes another
-            # path (at 2-64 tokens three times a 1-token one here), so reading between it and the 128-token row made
-            # a verify on a short prompt look 1.4 decode steps where the loop measured 1.1
+            # path (at a few tokens several times a 1-token one), so reading between it and the 128-token row
+            # overstated a verify on a short prompt against what the loop took
             cached = [(c, row) for c, row in measured if c > 0]
             at = [row_time(self.queries, row, queries) for _, row in cached]
             return interpolate([c for c, _ in cached], at, max(context, cached[0][0]))
@@ -186,7 +186,7 @@ def _times(run, device, repeats: int) -> list[float]:
 
 def _fastest_time(run, device, repeats: int) -> float:
     """The fastest of `repeats` runs: another process on a shared machine only ever adds time, in bursts that a
-    median of a few runs still catches (a 4-token verify measured at 78 ms between 60 and 52 ms ones)."""
+    median of a few runs still catches."""
     return min(_times(run, device, repeats))
 
 
@@ -209,9 +209,8 @@ def context_limit(model) -> int:
 def measure_forwards(model, contexts=CONTEXTS, queries=QUERIES, repeats: int = REPEATS) -> list[list[float | None]]:
     """forward_s[i][j] as TargetProfile defines it: verify + greedy pick + the cache cut back, per cell: the fastest
     of `repeats` consecutive runs after two untimed ones, each row made monotone in the tokens. Consecutive, as the
-    loop runs them: timing the sizes in turn
-    slowed the one-token forwards more than the rest (60 against 45 ms at context 128, while 16-token ones went
-    from 58 to 63), so verify costs came out 15-25% below those the loop then measured."""
+    loop runs them: timing the sizes in turn slowed the one-token forwards more than the rest, so verify costs came
+    out well below those the loop then took."""
     device, limit = model.device, context_limit(model)
     vocab = model.config.get_text_config(decoder=True).vocab_size
     generator = torch.Generator().manual_seed(0)
@@ -283,7 +282,8 @@ def measure_rule(model, setting: str, rule: str, temperature: float, top_k: int,
             logits.max(-1)
 
         run()
-        out.append(max(0.0, _median_time(run, model.device, repeats) - _median_time(greedy_pick, model.device, repeats)))
+        out.append(max(0.0, _median_time(run, model.device, repeats)
+                            - _median_time(greedy_pick, model.device, repeats)))
     return out
 
 

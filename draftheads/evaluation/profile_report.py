@@ -48,9 +48,11 @@ def run_profile(target: str | None, drafters: list[str], *, dtype: str = "auto",
 
 def format_profile(profile: TargetProfile, name: str, dtype: str, costs: dict) -> str:
     key = profile.key
-    lines = [f"target {name} ({dtype}, {key['device']}) on {key['cpu']}, {key['threads']} threads; measured {profile.created}",
+    lines = [f"target {name} ({dtype}, {key['device']}) on {key['cpu']}, {key['threads']} threads; measured "
+             f"{profile.created}",
              "", "verify forward, ms (decode steps) by query tokens (columns) and cached context (rows):", "",
-             "| context | " + " | ".join(str(q) for q in profile.queries) + " |", "|---|" + "---|" * len(profile.queries)]
+             "| context | " + " | ".join(str(q) for q in profile.queries) + " |",
+             "|---|" + "---|" * len(profile.queries)]
     for context, row in zip(profile.contexts, profile.forward_s):
         step = profile.decode_step(context)
         cells = ["-" if t is None else f"{1e3 * t:.1f} ({t / step:.2f})" for t in row]

@@ -111,7 +111,8 @@ def batch_curve(rows: list[dict]) -> list[dict]:
     curves: dict[tuple, dict] = {}
     for row in sorted(rows, key=lambda r: r["batch_size"]):
         key = (row["drafter"], row["rule"], row["temperature"])
-        curve = curves.setdefault(key, {"drafter": row["drafter"], "rule": row["rule"], "temperature": row["temperature"],
+        curve = curves.setdefault(key, {"drafter": row["drafter"], "rule": row["rule"],
+                                        "temperature": row["temperature"],
                                         "tree": row["tree"], "batch_sizes": [], "speedup": [], "tau": [],
                                         "tokens_per_s_plain": [], "tokens_per_s_spec": [], "stops_paying_at": None})
         curve["batch_sizes"].append(row["batch_size"])
@@ -168,7 +169,8 @@ def _cpu_model() -> str:
 
 def prediction_sources(report: dict) -> list[str]:
     """A note naming where the predictions' acceptance came from, when an earlier evaluation supplied some."""
-    earlier = [r["drafter"] + " " + r["rule"] for r in report["results"] if r.get("predicted_from") == "earlier evaluation"]
+    earlier = [r["drafter"] + " " + r["rule"] for r in report["results"]
+               if r.get("predicted_from") == "earlier evaluation"]
     if not earlier:
         return []
     return [f"- predicted from an earlier evaluation's tau and nodes per step ({report['settings'].get('tau_from')}, "
@@ -210,7 +212,8 @@ def _mismatch(row: dict) -> str:
 
 
 TABLE_COLUMNS = ("drafter", "rule", "T", "tree", "B", "tau", "alpha", "accept/depth", "c", "verify", "fwd saved",
-                 "tok/s plain", "tok/s spec", "speedup", "predicted", "error", "error at tau", "chain", "greedy mismatch")
+                 "tok/s plain", "tok/s spec", "speedup", "predicted", "error", "error at tau", "chain",
+                 "greedy mismatch")
 
 
 def table_row(row: dict) -> list[str]:
@@ -250,20 +253,23 @@ def format_batch_table(curves: list[dict]) -> str:
         at = dict(zip(c["batch_sizes"], zip(c["speedup"], c["tau"])))
         cells = [f"{_f(at[b][0], '.2f', 'x')} (tau {_f(at[b][1])})" if b in at else "-" for b in sizes]
         stops = f"B={c['stops_paying_at']}" if c["stops_paying_at"] else f"pays up to B={max(c['batch_sizes'])}"
-        lines.append("| " + " | ".join([c["drafter"], c["rule"], f"{c['temperature']:g}", c["tree"], *cells, stops]) + " |")
+        lines.append("| " + " | ".join([c["drafter"], c["rule"], f"{c['temperature']:g}", c["tree"], *cells, stops])
+                     + " |")
     if plain_greedy:
-        lines.append("| plain greedy tok/s | | | | " + " | ".join(_f(plain_greedy.get(b), ".1f") for b in sizes) + " | |")
+        lines.append("| plain greedy tok/s | | | | " + " | ".join(_f(plain_greedy.get(b), ".1f") for b in sizes)
+                     + " | |")
     return "\n".join(lines)
 
 
 def format_kind_table(rows: list[dict]) -> str:
     """One line per task kind x drafter x rule x temperature, prompt lookup's tau of the same kind and rule beside."""
     lookup = {(r["task_kind"], r["rule"], r["temperature"]): r["tau"] for r in rows if r["kind"] == "lookup"}
-    lines = ["| task kind | prompts | drafter | rule | T | tau | accept/depth | speedup | lookup tau |", "|" + "---|" * 9]
+    lines = ["| task kind | prompts | drafter | rule | T | tau | accept/depth | speedup | lookup tau |",
+             "|" + "---|" * 9]
     for r in rows:
         rates = "/".join(f"{a:.2f}" for a in r["acceptance_rates"]) or "-"
-        lines.append(f"| {r['task_kind']} | {r['task_prompts']} | {r['drafter']} | {r['rule']} | {r['temperature']:g} | "
-                     f"{_f(r['tau'])} | {rates} | {_f(r['speedup'], '.2f', 'x')} | "
+        lines.append(f"| {r['task_kind']} | {r['task_prompts']} | {r['drafter']} | {r['rule']} | {r['temperature']:g} "
+                     f"| {_f(r['tau'])} | {rates} | {_f(r['speedup'], '.2f', 'x')} | "
                      f"{_f(lookup.get((r['task_kind'], r['rule'], r['temperature'])))} |")
     return "\n".join(lines)
 
@@ -279,7 +285,8 @@ def format_prompt_table(rows: list[dict]) -> str | None:
     prompts: dict[int, dict] = {}
     for r in rows:
         line = prompts.setdefault(r["prompt_id"], {"row": r, "cells": {}})
-        line["cells"][(r["drafter"], r["rule"], r["temperature"])] = f"{r['tau']:.2f}" + ("*" if r["same_as_plain"] is False else "")
+        line["cells"][(r["drafter"], r["rule"], r["temperature"])] = (f"{r['tau']:.2f}"
+                                                                      + ("*" if r["same_as_plain"] is False else ""))
     lines = ["| prompt | task kind | tokens | " + " | ".join(labels) + " |", "|" + "---|" * (3 + len(labels))]
     for pid, line in prompts.items():
         r = line["row"]
@@ -292,15 +299,18 @@ def format_prompt_table(rows: list[dict]) -> str | None:
 def format_context_table(rows: list[dict]) -> str | None:
     """tau of the steps taken at each range of context length, one line per row that reached past 512 tokens
     (None when none did): whether acceptance falls off on long prompts."""
-    long = [r for r in rows if r.get("kind") != "plain" and any(not b["context"].startswith(("0-", "256-")) for b in r.get("tau_by_context", []))]
+    long = [r for r in rows if r.get("kind") != "plain" and any(not b["context"].startswith(("0-", "256-"))
+                                                                for b in r.get("tau_by_context", []))]
     if not long:
         return None
     ranges = list(dict.fromkeys(b["context"] for r in long for b in r["tau_by_context"]))
-    lines = ["| " + " | ".join(["task kind", "drafter", "rule", "T", *[f"{c} tokens" for c in ranges]]) + " |", "|" + "---|" * (4 + len(ranges))]
+    lines = ["| " + " | ".join(["task kind", "drafter", "rule", "T", *[f"{c} tokens" for c in ranges]]) + " |",
+             "|" + "---|" * (4 + len(ranges))]
     for r in long:
         at = {b["context"]: b for b in r["tau_by_context"]}
         cells = [f"{at[c]['tau']:.2f} ({at[c]['steps']})" if c in at else "-" for c in ranges]
-        lines.append("| " + " | ".join([r.get("task_kind", "all"), r["drafter"], r["rule"], f"{r['temperature']:g}", *cells]) + " |")
+        lines.append("| " + " | ".join([r.get("task_kind", "all"), r["drafter"], r["rule"], f"{r['temperature']:g}",
+                                        *cells]) + " |")
     return "\n".join(lines)
 
 
@@ -309,7 +319,8 @@ def format_quality(rows: list[dict]) -> str | None:
     rated = [r for r in rows if r.get("logprob_spec") is not None]
     if not rated:
         return None
-    lines = ["| drafter | rule | T | logprob/token spec | logprob/token plain | difference |", "|---|---|---|---|---|---|"]
+    lines = ["| drafter | rule | T | logprob/token spec | logprob/token plain | difference |",
+             "|---|---|---|---|---|---|"]
     for r in rated:
         diff = r["logprob_spec"] - r["logprob_plain"] if r.get("logprob_plain") is not None else None
         lines.append(f"| {r['drafter']} | {r['rule']} | {r['temperature']:g} | {r['logprob_spec']:.3f} | "
@@ -320,18 +331,22 @@ def format_quality(rows: list[dict]) -> str | None:
 def format_markdown(report: dict) -> str:
     s, target, env = report["settings"], report["target"], report["environment"]
     hw = env["hardware"]
-    device = hw["cuda"]["device"] if hw.get("cuda") else f"{hw['cpu']} ({hw['cpu_count']} cores, {hw['torch_threads']} threads)"
+    device = (hw["cuda"]["device"] if hw.get("cuda")
+              else f"{hw['cpu']} ({hw['cpu_count']} cores, {hw['torch_threads']} threads)")
     out = [
         "# draftheads eval", "",
-        f"{report['created']} · target `{target['name']}` ({target.get('architecture')}, {target['dtype']}) · {device}", "",
+        f"{report['created']} · target `{target['name']}` ({target.get('architecture')}, {target['dtype']}) "
+        f"· {device}", "",
         f"Prompts: {s['prompts']} ({report['prompt_count']} conversations, {report['prompts_skipped']} skipped) · "
-        f"max_new_tokens {s['max_new_tokens']} · seed {s['seed']} · plain and speculative decoding interleaved prompt by prompt "
-        "in one process", "",
+        f"max_new_tokens {s['max_new_tokens']} · seed {s['seed']} · plain and speculative decoding interleaved "
+        "prompt by prompt in one process", "",
         format_table(report["results"]), "",
         f"- {TAU_NOTE}.",
-        "- alpha: i.i.d. per-draft acceptance estimate, accepted drafts / (accepted drafts + steps that stopped short of depth K; "
-        "a step with nothing drafted counts as a stop); accept/depth: P(depth d accepted | depth d-1 reached with a draft to check).",
-        "- c: drafting time per step / (K x one plain decode step), K = the tree's depth; verify: verification step time / plain step time.",
+        "- alpha: i.i.d. per-draft acceptance estimate, accepted drafts / (accepted drafts + steps that stopped short "
+        "of depth K; a step with nothing drafted counts as a stop); accept/depth: P(depth d accepted | depth d-1 "
+        "reached with a draft to check).",
+        "- c: drafting time per step / (K x one plain decode step), K = the tree's depth; verify: verification step "
+        "time / plain step time.",
         "- fwd saved: 1 - target forwards (prefills included) with drafting / without.",
         "- tok/s: generated tokens per second end to end (prefill included); speedup = spec / plain, measured.",
         "- predicted: the speedup the cost model predicted before the run, from this machine's cost profile (a verify "
@@ -348,27 +363,29 @@ def format_markdown(report: dict) -> str:
     ]
     if report.get("batch_curve"):
         out += ["", "## Speedup vs batch size", "",
-                "Each batch size decodes the same prompts in batches of that many rows (left-padded, each row with its own "
-                "drafter state, seed and acceptance; finished rows leave the batch), interleaved with plain decoding of the "
-                "same batches. Cells: speedup = spec tok/s / plain tok/s at that batch size (tau per row in brackets). "
-                "'stops paying at': the smallest batch size measured whose speedup is below 1; `--plain-above N` "
-                "(eval.plain_above) decodes plainly while more than N rows are generating.", "",
+                "Each batch size decodes the same prompts in batches of that many rows (left-padded, each row with its "
+                "own drafter state, seed and acceptance; finished rows leave the batch), interleaved with plain "
+                "decoding of the same batches. Cells: speedup = spec tok/s / plain tok/s at that batch size (tau per "
+                "row in brackets). 'stops paying at': the smallest batch size measured whose speedup is below 1; "
+                "`--plain-above N` (eval.plain_above) decodes plainly while more than N rows are generating.", "",
                 format_batch_table(report["batch_curve"])]
     if report.get("by_kind"):
         out += ["", "## By task kind", "",
-                "The same runs, each kind's prompts on their own: tau, acceptance per depth and speedup of every drafter, "
-                "with prompt lookup's tau on the same prompts beside it.", "", format_kind_table(report["by_kind"])]
+                "The same runs, each kind's prompts on their own: tau, acceptance per depth and speedup of every "
+                "drafter, with prompt lookup's tau on the same prompts beside it.", "",
+                format_kind_table(report["by_kind"])]
     by_context = format_context_table(report["results"] + report.get("by_kind", []))
     if by_context:
         out += ["", "## Acceptance by context length", "",
                 "tau of the steps taken with this many tokens already in the context (prompt and reply so far); the "
-                "number of steps in brackets. A drafter trained on short rows loses acceptance here first.", "", by_context]
+                "number of steps in brackets. A drafter trained on short rows loses acceptance here first.", "",
+                by_context]
     by_prompt = format_prompt_table(report.get("by_prompt", []))
     if by_prompt:
         out += ["", "## By prompt", "",
-                "tau of every drafter on each prompt (tokens: what plain decoding wrote; * the output parted from plain "
-                "decoding). A prompt whose output loops or repeats the prompt gives prompt lookup a tau of 4-6 and can "
-                "carry a whole kind's total.", "", by_prompt]
+                "tau of every drafter on each prompt (tokens: what plain decoding wrote; * the output parted from "
+                "plain decoding). A prompt whose output loops or repeats the prompt gives prompt lookup a tau of 4-6 "
+                "and can carry a whole kind's total.", "", by_prompt]
     quality = format_quality(report["results"])
     if quality:
         out += ["", "## Quality of sampled outputs", "",
@@ -377,5 +394,6 @@ def format_markdown(report: dict) -> str:
                 "lossless (differences are sampling noise); typical acceptance is not.", "", quality]
     if report.get("plots"):
         out += ["", "## Plots", ""] + [f"![{name}]({name})" for name in report["plots"]]
-    out += ["", "## Setup", "", "```json", json.dumps({"settings": s, "versions": env["versions"]}, indent=1), "```", ""]
+    out += ["", "## Setup", "", "```json", json.dumps({"settings": s, "versions": env["versions"]}, indent=1),
+            "```", ""]
     return "\n".join(out)

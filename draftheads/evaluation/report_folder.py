@@ -22,7 +22,8 @@ def check_report_folder(out: str | None) -> None:
         raise DraftheadsError(f"--out {out} is not empty and holds no earlier report; give a new or empty folder")
     parent = next(p for p in [folder.absolute(), *folder.absolute().parents] if p.exists())
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise DraftheadsError(f"cannot write the report to --out {out}: {parent} is not a writable folder; choose another place")
+        raise DraftheadsError(f"cannot write the report to --out {out}: {parent} is not a writable folder; choose "
+                              "another place")
 
 
 def report_folder(out: str | None, drafters: list[str]) -> Path:

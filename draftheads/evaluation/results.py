@@ -67,7 +67,8 @@ def prompt_rows(found: Measurements, conversations) -> list[dict]:
             rows.append({"prompt_id": conv.prompt_id, "task_kind": conv.kind, "prompt": conv.users[0][:60],
                          "drafter": name, "rule": cfg.rule, "temperature": cfg.temperature,
                          "new_tokens": out.stats.new_tokens, "steps": out.stats.steps, "tau": out.stats.tau,
-                         "plain_tokens": len(base.tokens), "same_as_plain": None if cfg.sampled else out.tokens == base.tokens})
+                         "plain_tokens": len(base.tokens),
+                         "same_as_plain": None if cfg.sampled else out.tokens == base.tokens})
     return rows
 
 

@@ -64,5 +64,6 @@ def load_eval_target(spec: str | None, dtype: str, drafters: list[str], target_m
         tokenizer = copy.copy(tokenizer)
         attach_chat_template(tokenizer, None, str(name), template_kwargs)
     info = {**target_summary(model), "name": str(name), "dtype": dtype_name(model.dtype), "device": str(model.device),
-            "attn_implementation": getattr(model.config, "_attn_implementation", None), "chat_template_kwargs": template_kwargs}
+            "attn_implementation": getattr(model.config, "_attn_implementation", None),
+            "chat_template_kwargs": template_kwargs}
     return model, tokenizer, info

@@ -28,13 +28,15 @@ def decoder_layer_class(target_config) -> type:
         model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(target_config)]
     except KeyError:
         raise DraftheadsError(
-            f"no causal-LM class is known for model_type '{target_config.model_type}'; use a target transformers supports"
+            f"no causal-LM class is known for model_type '{target_config.model_type}'; "
+            "use a target transformers supports"
         ) from None
     module = sys.modules[model_class.__module__]
     for name in model_class._no_split_modules or ():
         if name.endswith("DecoderLayer") and hasattr(module, name):
             return getattr(module, name)
-    raise DraftheadsError(f"could not find the decoder-layer class of {model_class.__name__}; this target is not supported")
+    raise DraftheadsError(f"could not find the decoder-layer class of {model_class.__name__}; this target is "
+                          "not supported")
 
 
 def bind_frozen(owner: torch.nn.Module, **modules) -> None:

@@ -34,10 +34,12 @@ MAX_TTT_STEPS = 16
 def check_unroll(config) -> None:
     """The settings EAGLE-1/2 and EAGLE-3 configs share: the unroll, the input noise, the token-loss sample, the
     draft vocabulary's size and the default tree (a bad or oversized tree is refused with the recipe)."""
-    check(1 <= config.ttt_steps <= MAX_TTT_STEPS, f"head.ttt_steps must be between 1 and {MAX_TTT_STEPS}, got {config.ttt_steps}")
+    check(1 <= config.ttt_steps <= MAX_TTT_STEPS,
+          f"head.ttt_steps must be between 1 and {MAX_TTT_STEPS}, got {config.ttt_steps}")
     check(0 < config.ttt_decay <= 1, f"head.ttt_decay must be in (0, 1], got {config.ttt_decay}")
     check(config.input_noise >= 0, f"head.input_noise must be >= 0, got {config.input_noise}")
-    check(0 < config.token_loss_fraction <= 1, f"head.token_loss_fraction must be in (0, 1], got {config.token_loss_fraction}")
+    check(0 < config.token_loss_fraction <= 1,
+          f"head.token_loss_fraction must be in (0, 1], got {config.token_loss_fraction}")
     check(config.draft_vocab_size is None or config.draft_vocab_size > 0, "head.draft_vocab_size must be positive")
     parse_tree(config.default_tree, "head.default_tree")
 
@@ -83,7 +85,8 @@ def training_loss(model: DraftLayer, batch: dict) -> tuple[torch.Tensor, dict]:
     return loss, metrics.as_dict()
 
 
-def unroll(model: DraftLayer, features: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None):
+def unroll(model: DraftLayer, features: torch.Tensor, input_ids: torch.Tensor,
+           position_ids: torch.Tensor | None = None):
     """Training-time test: yield the layer output [b, s-1, H] of each of `ttt_steps` steps.
 
     Step 0 reads the target's features; step j reads step j-1's outputs shifted by one

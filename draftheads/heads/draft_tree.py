@@ -133,7 +133,8 @@ class Forest:
         self.tokens.append(token)
 
 
-def grow_dynamic(spec: DynamicTreeSpec, root: int, expand: Expand, sampling: Sampling, vocab=FULL, device=None) -> Forest:
+def grow_dynamic(spec: DynamicTreeSpec, root: int, expand: Expand, sampling: Sampling, vocab=FULL,
+                 device=None) -> Forest:
     """Expand the best `top_k` frontier nodes for `spec.depth` levels (the root is level 0)."""
     forest = Forest(tokens=[root])
     frontier = [0]

@@ -1,10 +1,10 @@
 """A draft vocabulary: the subset of the target's tokens a drafter may propose.
 
 Drafting over the target's whole vocabulary costs one [n, H] x [H, V] product per draft step; on a
-CPU with SmolLM2 (V = 49,152) that is 5.2 ms for 8 rows in bf16, more than the draft layer itself.
-The 8,192 tokens the target generates most often cover >99% of its answers, and their rows of
-the lm_head (9 MiB) stay in cache: 0.4 ms. A drafter keeps the choice in two buffers, registered
-on the drafter itself in the layout EAGLE-3 engines read:
+CPU with a vocabulary of tens of thousands of tokens that costs more than the draft layer itself.
+The few thousand tokens the target generates most often cover nearly all of its answers, and their
+rows of the lm_head stay in cache, an order of magnitude cheaper. A drafter keeps the choice in two
+buffers, registered on the drafter itself in the layout EAGLE-3 engines read:
 
     d2t [Vd]  target id of draft entry i = i + d2t[i]
     t2d [V]   bool, True for tokens in the draft vocabulary
@@ -31,7 +31,8 @@ IGNORE = -100  # cross_entropy's ignore_index: labels outside the draft vocabula
 def check_draft_vocab(size: int | None, vocab_size: int) -> None:
     """head.draft_vocab_size against the target's vocabulary."""
     if size is not None and not 0 < size <= vocab_size:
-        raise DraftheadsError(f"head.draft_vocab_size {size} must be between 1 and the target vocabulary ({vocab_size})")
+        raise DraftheadsError(f"head.draft_vocab_size {size} must be between 1 and the target vocabulary "
+                              f"({vocab_size})")
 
 
 def ids(d2t: torch.Tensor) -> torch.Tensor:
@@ -76,7 +77,8 @@ class DraftVocabulary:
 
     def __init__(self, owner: nn.Module, size: int, vocab_size: int):
         if not 0 < size <= vocab_size:
-            raise DraftheadsError(f"head.draft_vocab_size must be between 1 and the target vocabulary ({vocab_size}), got {size}")
+            raise DraftheadsError(f"head.draft_vocab_size must be between 1 and the target vocabulary ({vocab_size}), "
+                                  f"got {size}")
         owner.register_buffer("d2t", torch.zeros(size, dtype=torch.long))
         owner.register_buffer("t2d", torch.arange(vocab_size) < size)
         self._owner, self.size, self.vocab_size = owner, size, vocab_size
@@ -155,7 +157,8 @@ class FullVocabulary:
         return lm_head(hidden.to(lm_head.weight.dtype)).float()
 
     def choose(self, token_counts: torch.Tensor) -> torch.Tensor:
-        raise DraftheadsError("this drafter drafts over the full vocabulary; set head.draft_vocab_size to give it a draft vocabulary")
+        raise DraftheadsError("this drafter drafts over the full vocabulary; set head.draft_vocab_size to give it a "
+                              "draft vocabulary")
 
 
 FULL = FullVocabulary()

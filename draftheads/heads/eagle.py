@@ -37,9 +37,9 @@ class EagleConfig:
     """EAGLE-1/2 layer hyper-parameters (hidden size, vocabulary and layer count come from the target)."""
 
     type: Literal["eagle"] = doc("eagle", "head type")
-    draft_vocab_size: int | None = doc(None, "draft only among this many most frequent target-generated tokens, through "
-                                             "the rows of the target's lm_head for them (default: the full vocabulary), "
-                                             "making each draft step several times cheaper")
+    draft_vocab_size: int | None = doc(None, "draft only among this many most frequent target-generated tokens, "
+                                             "through the rows of the target's lm_head for them (default: the full "
+                                             "vocabulary), making each draft step several times cheaper")
     ttt_steps: int = doc(1, "training-time test: unroll this many steps on the drafter's own outputs")
     ttt_decay: float = doc(0.8, "training-time test: step j's loss is weighted decay^j")
     feature_loss_weight: float = doc(1.0, "weight of SmoothL1(f̂, f)")
@@ -48,7 +48,8 @@ class EagleConfig:
     token_loss_fraction: float = doc(1.0, "share of positions, drawn anew each training step, that get the "
                                           "vocabulary-sized token loss (the feature loss uses all); < 1 trades a "
                                           "noisier token loss for speed")
-    default_tree: str = doc("dynamic:8,6,48", "tree used when the caller gives none (chain:K, dynamic:TOPK,DEPTH,TOTAL)")
+    default_tree: str = doc("dynamic:8,6,48",
+                            "tree used when the caller gives none (chain:K, dynamic:TOPK,DEPTH,TOTAL)")
     init_from: str | None = doc(None, "start from an existing drafter (native or an engine/public layout)")
 
     def __post_init__(self):
@@ -82,7 +83,8 @@ class EagleDrafter(nn.Module):
         self.hidden_size, self.vocab_size = dims.hidden_size, dims.vocab_size
         self.layer = build_decoder_layer(target_config)
         if not hasattr(self.layer, "input_layernorm"):
-            raise DraftheadsError(f"{type(self.layer).__name__} has no input_layernorm; EAGLE does not support this target")
+            raise DraftheadsError(f"{type(self.layer).__name__} has no input_layernorm; EAGLE does not support "
+                                  "this target")
         self.feature_layers = (-1,)
         self.fc = nn.Linear(2 * dims.hidden_size, dims.hidden_size, bias=True)
         self.layer.input_layernorm = nn.Identity()  # f is already normalised by the target
@@ -118,7 +120,8 @@ class EagleDrafter(nn.Module):
         return run_layer(self.layer, self._rotary, hidden, position_ids, visible, cache)
 
     def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
-        """f̂ [..., H] -> fp32 logits through the target's lm_head: [..., V], or [..., Vd] (its rows for the draft vocabulary)."""
+        """f̂ [..., H] -> fp32 logits through the target's lm_head: [..., V], or [..., Vd] (its rows for the draft
+        vocabulary)."""
         return self.vocab.project(self._bound_lm_head(), out)
 
     def target_logits(self, features: torch.Tensor) -> torch.Tensor:
@@ -130,7 +133,8 @@ class EagleDrafter(nn.Module):
         return self.vocab.widen(self.draft_logits(out))
 
     def position_loss(self, token_loss: torch.Tensor, rows: torch.Tensor, target_f: torch.Tensor) -> torch.Tensor:
-        """feature_loss_weight · SmoothL1(f̂, f) (mean over every counted position) + token_loss_weight · token loss."""
+        """feature_loss_weight · SmoothL1(f̂, f) (mean over every counted position) + token_loss_weight · token
+        loss."""
         smooth_l1 = F.smooth_l1_loss(rows.float(), target_f.float(), reduction="none").mean(-1)
         return self.config.feature_loss_weight * smooth_l1.mean() + self.config.token_loss_weight * token_loss
 

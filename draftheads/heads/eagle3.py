@@ -38,9 +38,9 @@ class Eagle3Config:
     """EAGLE-3 hyper-parameters (hidden size, vocabulary and layer count come from the target)."""
 
     type: Literal["eagle3"] = doc("eagle3", "head type")
-    feature_layers: list[int] | None = doc(None, "the target layers whose OUTPUTS are fused, in increasing order (default "
-                                                 "{1, N//2-1, N-4}: the inputs of layers {2, N//2, N-3}, the engines' "
-                                                 "default eagle_aux_hidden_state_layer_ids)")
+    feature_layers: list[int] | None = doc(None, "the target layers whose OUTPUTS are fused, in increasing order "
+                                                 "(default {1, N//2-1, N-4}: the inputs of layers {2, N//2, N-3}, the "
+                                                 "engines' default eagle_aux_hidden_state_layer_ids)")
     draft_vocab_size: int | None = doc(None, "its own lm_head drafts among this many most frequent target-generated "
                                              "tokens (default min(32000, target vocab))")
     ttt_steps: int = doc(1, "training-time test: unroll this many steps on the drafter's own outputs")
@@ -48,7 +48,8 @@ class Eagle3Config:
     input_noise: float = doc(0.2, "width of the uniform noise added to input features during training (0 = off)")
     token_loss_fraction: float = doc(1.0, "share of positions, drawn anew each training step, that get the "
                                           "vocabulary-sized token loss; < 1 trades a noisier loss for speed")
-    default_tree: str = doc("dynamic:8,6,48", "tree used when the caller gives none (chain:K, dynamic:TOPK,DEPTH,TOTAL)")
+    default_tree: str = doc("dynamic:8,6,48",
+                            "tree used when the caller gives none (chain:K, dynamic:TOPK,DEPTH,TOTAL)")
     init_from: str | None = doc(None, "start from an existing drafter (native or an engine/public layout)")
     draft_layer: Literal["llama", "target"] | None = doc(None, "the draft layer's class: 'llama' (the default: what "
                                                                "SGLang, vLLM, llama.cpp and speculators load for any "
@@ -58,10 +59,12 @@ class Eagle3Config:
     def __post_init__(self):
         check_unroll(self)
         if self.feature_layers is not None:
-            check(len(self.feature_layers) == 3, f"head.feature_layers must list 3 target layers, got {len(self.feature_layers)}")
+            check(len(self.feature_layers) == 3,
+                  f"head.feature_layers must list 3 target layers, got {len(self.feature_layers)}")
             # engines capture the layers in layer order: an unsorted list would silently permute fc's input columns
             check(list(self.feature_layers) == sorted(set(self.feature_layers)),
-                  f"head.feature_layers must be 3 different layers in increasing order, got {list(self.feature_layers)}")
+                  "head.feature_layers must be 3 different layers in increasing order, got "
+                  f"{list(self.feature_layers)}")
 
     def resolve(self, num_layers: int, vocab_size: int) -> None:
         """Fill the values derived from the target and check those that depend on it."""
@@ -70,7 +73,8 @@ class Eagle3Config:
         if self.feature_layers is None:
             self.feature_layers = default_feature_layers(num_layers)
         for layer in self.feature_layers:
-            check(0 <= layer < num_layers, f"head.feature_layers: layer {layer} does not exist (the target has {num_layers} layers)")
+            check(0 <= layer < num_layers,
+                  f"head.feature_layers: layer {layer} does not exist (the target has {num_layers} layers)")
         if self.draft_vocab_size is None:
             self.draft_vocab_size = min(32000, vocab_size)
         check_draft_vocab(self.draft_vocab_size, vocab_size)
@@ -109,7 +113,8 @@ class Eagle3Drafter(nn.Module):
         self.hidden_size, self.vocab_size = hidden, dims.vocab_size
         self.layer = build_decoder_layer(target_config, config.draft_layer or "llama")
         if not hasattr(self.layer, "input_layernorm"):
-            raise DraftheadsError(f"{type(self.layer).__name__} has no input_layernorm; EAGLE does not support this target")
+            raise DraftheadsError(f"{type(self.layer).__name__} has no input_layernorm; EAGLE does not support "
+                                  "this target")
         eps = getattr(text_config(target_config), "rms_norm_eps", 1e-6)
         # the target's hidden_states[l + 1] is the output of layer l, the input of layer l + 1
         self.feature_layers = tuple(layer + 1 for layer in config.feature_layers) + (-1,)
@@ -147,7 +152,8 @@ class Eagle3Drafter(nn.Module):
     def forward_layer(self, carry, tokens, position_ids, visible, cache=None) -> torch.Tensor:
         """carry [b, n, H], tokens [b, n] (x_{t+1} at position t) -> layer output [b, n, H]."""
         emb = self._embed(tokens).to(carry.dtype)
-        return run_layer(self.layer, self._rotary, carry, position_ids, visible, cache, draft_embeds=self.embed_norm(emb))
+        return run_layer(self.layer, self._rotary, carry, position_ids, visible, cache,
+                         draft_embeds=self.embed_norm(emb))
 
     def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
         """Layer output [..., H] -> [..., Vd] fp32 logits of the own lm head over the draft vocabulary."""

@@ -55,7 +55,8 @@ def llama_layer_config(target_config):
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
     config = LlamaConfig(
         vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size, num_hidden_layers=1,
-        num_attention_heads=t.num_attention_heads, num_key_value_heads=getattr(t, "num_key_value_heads", None) or t.num_attention_heads,
+        num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=getattr(t, "num_key_value_heads", None) or t.num_attention_heads,
         head_dim=head_dim, hidden_act="silu", max_position_embeddings=t.max_position_embeddings,
         rms_norm_eps=getattr(t, "rms_norm_eps", 1e-6), attention_bias=False, mlp_bias=False,
         rope_parameters=full_attention_rope(t), bos_token_id=getattr(t, "bos_token_id", None),
@@ -89,7 +90,8 @@ def widen_attention_inputs(layer: nn.Module, in_features: int) -> None:
         old = getattr(attn, name, None)
         if not isinstance(old, nn.Linear):
             raise DraftheadsError(
-                f"EAGLE-3 needs separate q/k/v projections, but {type(attn).__name__} has no '{name}'; use head.type: eagle"
+                f"EAGLE-3 needs separate q/k/v projections, but {type(attn).__name__} has no '{name}'; "
+                "use head.type: eagle"
             )
         setattr(attn, name, nn.Linear(in_features, old.out_features, bias=old.bias is not None))
 
@@ -185,7 +187,8 @@ def target_parts(target) -> dict:
     decoder = base.get_decoder()
     missing = [n for n in ("norm", "rotary_emb") if not hasattr(decoder, n)]
     if missing:
-        raise DraftheadsError(f"{type(decoder).__name__} has no {', '.join(missing)}; this target is not supported by EAGLE/MTP")
+        raise DraftheadsError(f"{type(decoder).__name__} has no {', '.join(missing)}; this target is not supported "
+                              "by EAGLE/MTP")
     return {
         "embed": base.get_input_embeddings(),
         "lm_head": base.get_output_embeddings(),
@@ -225,7 +228,8 @@ def ttt_visible(step: int, n: int, position_ids: torch.Tensor | None = None, dev
     return torch.cat(blocks, dim=-1)
 
 
-def tree_visible(nodes: list[int], parents: list[int], columns: dict[int, int], width: int, committed: int, device=None):
+def tree_visible(nodes: list[int], parents: list[int], columns: dict[int, int], width: int, committed: int,
+                 device=None):
     """[1, n, width] bool: tree `nodes` fed on top of a cache, `width` keys in all (new ones included).
 
     The first `committed` keys (the prefix) are visible to all; every other key belongs to a tree

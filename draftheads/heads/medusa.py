@@ -35,14 +35,15 @@ class MedusaConfig:
     type: Literal["medusa"] = doc("medusa", "head type")
     num_heads: int = doc(4, "K: head k predicts token t+k+1")
     num_layers: int = doc(1, "residual blocks per head (each with its own weights)")
-    lm_head: Literal["shared", "own"] = doc("shared", "'shared': the target's frozen lm_head; 'own': a trainable copy per "
-                                                      "head (only the draft vocabulary's rows when there is one)")
+    lm_head: Literal["shared", "own"] = doc("shared", "'shared': the target's frozen lm_head; 'own': a trainable copy "
+                                                      "per head (only the draft vocabulary's rows when there is one)")
     loss_decay: float = doc(0.8, "lambda: head k's loss is weighted lambda^(k-1)")
     soft_labels: bool = doc(False, "train against the target's whole distribution of each token (from its cached "
                                    "features) instead of the generated token alone")
-    draft_vocab_size: int | None = doc(None, "draft only among this many most frequent target-generated tokens: through the "
-                                             "target lm_head's rows for them ('shared'), or with own lm heads of only those "
-                                             "rows, started from the target's ('own') (default: the full vocabulary)")
+    draft_vocab_size: int | None = doc(None, "draft only among this many most frequent target-generated tokens: "
+                                             "through the target lm_head's rows for them ('shared'), or with own lm "
+                                             "heads of only those rows, started from the target's ('own') (default: "
+                                             "the full vocabulary)")
     head_lr: float | None = doc(None, "learning rate of the heads (default: train.lr)")
     init_from: str | None = doc(None, "start from an existing drafter (native or an engine/public layout)")
 
@@ -61,7 +62,8 @@ class MedusaConfig:
 
 def check_heads(config) -> None:
     """The heads' settings, as Medusa and Medusa-2 configs both hold them."""
-    check(1 <= config.num_heads <= MAX_HEADS, f"head.num_heads must be between 1 and {MAX_HEADS}, got {config.num_heads}")
+    check(1 <= config.num_heads <= MAX_HEADS,
+          f"head.num_heads must be between 1 and {MAX_HEADS}, got {config.num_heads}")
     check(1 <= config.num_layers <= 8, f"head.num_layers must be between 1 and 8, got {config.num_layers}")
     check(0 < config.loss_decay <= 1, f"head.loss_decay must be in (0, 1], got {config.loss_decay}")
     check(config.head_lr is None or config.head_lr > 0, f"head.head_lr must be positive, got {config.head_lr}")
@@ -113,7 +115,8 @@ class MedusaDrafter(nn.Module):
         self.config = config
         self.hidden_size, self.vocab_size = hidden_size, vocab_size
         self.heads = nn.ModuleList(
-            [nn.Sequential(*[ResidualBlock(hidden_size) for _ in range(config.num_layers)]) for _ in range(config.num_heads)]
+            [nn.Sequential(*[ResidualBlock(hidden_size) for _ in range(config.num_layers)])
+             for _ in range(config.num_heads)]
         )
         if config.lm_head == "own":
             rows = config.draft_vocab_size or vocab_size
@@ -169,7 +172,8 @@ class MedusaDrafter(nn.Module):
         return self._lm_head(y)  # the whole vocabulary's logits stay in the target's dtype: no [D, V] cast per step
 
     def head_logits(self, k: int, hidden: torch.Tensor) -> torch.Tensor:
-        """Head k (0-based: predicts x_{t+k+2}) on hidden [..., H] -> logits [..., V] ([..., Vd] with a draft vocabulary)."""
+        """Head k (0-based: predicts x_{t+k+2}) on hidden [..., H] -> logits [..., V] ([..., Vd] with a draft
+        vocabulary)."""
         if self._lm_head is None:
             raise DraftheadsError("the Medusa drafter is not bound to a target; call drafter.bind(target) first")
         y = self.heads[k](hidden)
@@ -234,8 +238,9 @@ class MedusaDrafter(nn.Module):
         Every node of a depth shares head d's distribution (Medusa's Cartesian-product tree), so
         each head runs once per step. With a generator and temperature > 0 the r-th token is the
         r-th draw without replacement from the warped q_d (returned per node in `q`; a tree with gaps
-        in its sibling ranks is drafted as its gap-free version); otherwise the r-th best by logit. If q_d has fewer tokens than the tree's width at depth d (top-k /
-        top-p truncation), the nodes that cannot be filled are pruned from the returned tree.
+        in its sibling ranks is drafted as its gap-free version); otherwise the r-th best by logit. If q_d
+        has fewer tokens than the tree's width at depth d (top-k / top-p truncation), the nodes that
+        cannot be filled are pruned from the returned tree.
         """
         tree = self._check_tree(tree)
         if self._feature is None:
@@ -262,10 +267,12 @@ class MedusaDrafter(nn.Module):
 
     def _check_tree(self, tree: Tree | DynamicTreeSpec) -> Tree:
         if isinstance(tree, DynamicTreeSpec):
-            raise DraftheadsError("Medusa heads cannot build dynamic trees; give a static tree (e.g. chain:K or index paths)")
+            raise DraftheadsError("Medusa heads cannot build dynamic trees; give a static tree (e.g. chain:K or "
+                                  "index paths)")
         if tree.depth > self.config.num_heads:
             raise DraftheadsError(
-                f"tree depth {tree.depth} exceeds the drafter's {self.config.num_heads} Medusa heads; use a shallower tree"
+                f"tree depth {tree.depth} exceeds the drafter's {self.config.num_heads} Medusa heads; "
+                "use a shallower tree"
             )
         return tree
 

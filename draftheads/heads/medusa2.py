@@ -41,13 +41,14 @@ class Medusa2Config:
     type: Literal["medusa2"] = doc("medusa2", "head type")
     num_heads: int = doc(4, "K: head k predicts token t+k+1")
     num_layers: int = doc(1, "residual blocks per head (each with its own weights)")
-    lm_head: Literal["shared", "own"] = doc("shared", "'shared': the target's frozen lm_head; 'own': a trainable copy per head")
+    lm_head: Literal["shared", "own"] = doc("shared", "'shared': the target's frozen lm_head; 'own': a trainable "
+                                                      "copy per head")
     loss_decay: float = doc(0.8, "lambda: head k's loss is weighted lambda^(k-1)")
     soft_labels: bool = doc(False, "train the heads against the target's whole distribution of each token")
     draft_vocab_size: int | None = doc(None, "draft only among this many most frequent target-generated tokens")
     head_lr: float | None = doc(None, "learning rate of the heads (default: 4x train.lr)")
-    target_loss: Literal["lm", "kl"] = doc("lm", "the adapted target's loss: next-token CE, or KL to the adapter-disabled "
-                                                 "target")
+    target_loss: Literal["lm", "kl"] = doc("lm", "the adapted target's loss: next-token CE, or KL to the "
+                                                 "adapter-disabled target")
     heads_weight: float = doc(0.2, "weight of the heads' loss next to the target loss")
     lora_r: int = doc(16, "LoRA rank")
     lora_alpha: int = doc(32, "LoRA alpha")
@@ -94,8 +95,8 @@ class AdapterFiles:
 
         folder = Path(folder) / ADAPTER
         if not (folder / "adapter_model.safetensors").is_file():
-            raise DraftheadsError(f"'{folder.parent}' has no {ADAPTER}/adapter_model.safetensors; a Medusa-2 drafter needs "
-                                  "its LoRA adapter")
+            raise DraftheadsError(f"'{folder.parent}' has no {ADAPTER}/adapter_model.safetensors; a Medusa-2 drafter "
+                                  "needs its LoRA adapter")
         model = self.drafter.adapted_target()
         device = next(model.parameters()).device
         weights = load_peft_weights(str(folder), device=str(device))
@@ -187,7 +188,8 @@ class Medusa2Drafter(nn.Module):
     def _adapted_hidden(self, batch: dict) -> torch.Tensor:
         """[b, s, H] last hidden state (after the final norm) of the adapted target."""
         decoder = self.adapted_target().get_base_model().get_decoder()
-        out = decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch.get("position_ids"))
+        out = decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                      position_ids=batch.get("position_ids"))
         return out.last_hidden_state
 
     def _kl_to_original(self, hidden: torch.Tensor, batch: dict) -> tuple[torch.Tensor, int]:

@@ -47,9 +47,9 @@ class MTPConfig:
     loss_weights: list[float] | None = doc(None, "per-depth loss weights (default 1.0 each)")
     soft_labels: bool = doc(False, "train against the target's whole distribution of each token (from its cached "
                                    "features) instead of the generated token alone")
-    draft_vocab_size: int | None = doc(None, "draft only among this many most frequent target-generated tokens, through the "
-                                             "target lm_head's rows for them (default: the full vocabulary); several times "
-                                             "cheaper draft steps")
+    draft_vocab_size: int | None = doc(None, "draft only among this many most frequent target-generated tokens, "
+                                             "through the target lm_head's rows for them (default: the full "
+                                             "vocabulary); several times cheaper draft steps")
     default_tree: str | None = doc(None, "tree used when the caller gives none (default chain:depth)")
     init_from: str | None = doc(None, "start from an existing drafter (native or an engine/public layout)")
 
@@ -60,7 +60,8 @@ class MTPConfig:
                   f"head.loss_weights has {len(self.loss_weights)} entries but head.depth is {self.depth}")
             check(all(w >= 0 for w in self.loss_weights), "head.loss_weights must be >= 0")
         check(self.draft_vocab_size is None or self.draft_vocab_size > 0, "head.draft_vocab_size must be positive")
-        parse_tree(self.default_tree, "head.default_tree")  # a bad or oversized tree is refused with the recipe, not at the first step
+        # a bad or oversized tree is refused with the recipe, not at the first step
+        parse_tree(self.default_tree, "head.default_tree")
 
     def resolve(self, num_layers: int, vocab_size: int) -> None:
         """Check what depends on the target (the modules' sizes and class come from its config when built)."""
@@ -248,7 +249,8 @@ class MTPDrafter(nn.Module):
         # every drafted ancestor of `nodes` gets an entry, except at positions before the prompt
         position = {v: n - k + node_depth(parents, v) for node in nodes for v in lineage(parents, node)}
         entries = sorted((v for v, p in position.items() if p >= 0), key=lambda v: (position[v], v))
-        root_input = self._inbox[k - 1][:, 0] if self._inbox[k - 1].shape[1] else None  # module k-1's last committed output
+        # module k-1's last committed output
+        root_input = self._inbox[k - 1][:, 0] if self._inbox[k - 1].shape[1] else None
         hidden = torch.stack([previous[parents[v]] if parents[v] > 0 else root_input for v in entries], dim=1)
         positions = torch.tensor([position[v] for v in entries], device=tokens.device)[None]
         columns = {v: committed + i for i, v in enumerate(entries)}

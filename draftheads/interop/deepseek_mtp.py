@@ -11,7 +11,8 @@ LAYOUTS = (
     Layout(
         format="deepseek-mtp", kind="mtp", engine="vLLM (DeepSeekMTPModel)", weights_file="model.safetensors",
         architectures=("DeepseekV3ForCausalLM",),
-        config={"num_nextn_predict_layers": "D", "(rest)": "the target's DeepSeek-V3 config (the target loads the same folder)"},
+        config={"num_nextn_predict_layers": "D",
+                "(rest)": "the target's DeepSeek-V3 config (the target loads the same folder)"},
         tensors=(
             Tensor("model.layers.{k}.enorm.weight", ("H",)),
             Tensor("model.layers.{k}.hnorm.weight", ("H",)),
@@ -21,13 +22,15 @@ LAYOUTS = (
             Tensor("model.layers.{k}.embed_tokens.weight", ("V", "H")),
         ),
         families=("deepseek_v3",),
-        read_from=(LoaderFile(VLLM, "vllm/model_executor/models/deepseek_mtp.py", "4f7c14402630b97c8c078523fca8edef287ed2cf"),),
+        read_from=(LoaderFile(VLLM, "vllm/model_executor/models/deepseek_mtp.py",
+                              "4f7c14402630b97c8c078523fca8edef287ed2cf"),),
         traps=(
             "the MTP block is a DeepseekV2DecoderLayer (MLA + MoE): a Llama-family block has no engine that loads it",
             "modules live at layer index num_hidden_layers + k; block weights sit beside enorm/hnorm/eh_proj",
             "module k is built as layer N+k, so with first_k_dense_replace <= N+k it is a MoE layer (per-expert "
             "weights mlp.experts.{e}.*); a copy of layer 0 is dense when first_k_dense_replace > 0",
-            "embeddings at position 0 are zeroed; the MTP input is [enorm(emb); hnorm(h)] (ours is [hnorm(h); enorm(emb)])",
+            "embeddings at position 0 are zeroed; "
+            "the MTP input is [enorm(emb); hnorm(h)] (ours is [hnorm(h); enorm(emb)])",
         ),
     ),
 )

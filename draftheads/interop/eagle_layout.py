@@ -59,7 +59,8 @@ def llama_layer(prefix: str, attn_in: str, input_norm: bool) -> tuple[Tensor, ..
 def eagle3_tensors(prefix: str) -> tuple[Tensor, ...]:
     """EAGLE-3: fc over three fused target layers, one layer over [input_layernorm(emb); hidden_norm(h)]."""
     return (
-        (Tensor("fc.weight", ("H", "3H")), Tensor(f"{prefix}hidden_norm.weight", ("H",)), Tensor(f"{prefix}input_layernorm.weight", ("H",)))
+        (Tensor("fc.weight", ("H", "3H")), Tensor(f"{prefix}hidden_norm.weight", ("H",)),
+         Tensor(f"{prefix}input_layernorm.weight", ("H",)))
         + llama_layer(prefix, "2H", input_norm=False)
         + (
             Tensor("norm.weight", ("H",)),
@@ -123,7 +124,8 @@ def unfold_fc_bias(state: dict, own_keys: set[str]) -> None:
     """Inverse of the fold: fc.bias = o_proj's bias (the target layer has none); q/k/v keep the rest."""
     weight = state["fc.weight"]
     o_key = "layer.self_attn.o_proj.bias"
-    b = state.pop(o_key).double() if o_key in state and o_key not in own_keys else torch.zeros(weight.shape[0], dtype=torch.float64)
+    b = (state.pop(o_key).double() if o_key in state and o_key not in own_keys
+         else torch.zeros(weight.shape[0], dtype=torch.float64))
     state["fc.bias"] = b.to(weight.dtype)
     for proj in ATTN:
         key = f"layer.self_attn.{proj}.bias"
@@ -136,7 +138,8 @@ def unfold_fc_bias(state: dict, own_keys: set[str]) -> None:
             del state[key]
         else:
             raise DraftheadsError(
-                f"this EAGLE checkpoint has a {proj} bias the target's decoder layer cannot hold; it was trained for another target family"
+                f"this EAGLE checkpoint has a {proj} bias the target's decoder layer cannot hold; "
+                "it was trained for another target family"
             )
 
 
@@ -174,9 +177,9 @@ def eagle3_from_engine(tensors: dict) -> dict:
 
 # ---- the engines' config.json for the draft layer -----------------------------------------------
 
-LAYER_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
-                "rms_norm_eps", "max_position_embeddings", "vocab_size", "rope_parameters", "bos_token_id", "eos_token_id",
-                "pad_token_id")
+LAYER_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "hidden_act", "rms_norm_eps", "max_position_embeddings", "vocab_size", "rope_parameters",
+                "bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def engine_layer_config(target, model_type: str, architectures: list[str], dtype: torch.dtype, **extra) -> dict:
@@ -249,5 +252,6 @@ def has_own_layer(state: dict) -> bool:
     Otherwise it is Llama-shaped, what SGLang, vLLM, SpecForge and speculators' default write whatever the target,
     and loads as the Llama layer, unless our draftheads_export.json says it was the target's own (for a Llama or
     Mistral target the two hold the same tensors)."""
-    return any(key.startswith("layer.") and ("q_norm" in key or "k_norm" in key or key.endswith("_proj.bias")) for key in state)
+    return any(key.startswith("layer.") and ("q_norm" in key or "k_norm" in key or key.endswith("_proj.bias"))
+               for key in state)
 

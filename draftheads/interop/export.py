@@ -56,7 +56,8 @@ def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dty
     in `out` be replaced. `dtype` (bf16, fp16, fp32) casts the floating-point tensors (default: as saved, the fp32
     master weights). `speculative_tokens`: the draft length written where an engine config takes one (default: the
     length the drafter was trained for). `target_gguf`: llama.cpp only, the target GGUF the drafter runs with (default:
-    `target` when it is a .gguf file, else the drafter's recorded target: a .gguf file or the embedded one). Returns `out`.
+    `target` when it is a .gguf file, else the drafter's recorded target: a .gguf file or the embedded one). Returns
+    `out`.
     """
     if fmt not in FORMATS:
         raise DraftheadsError(f"unknown export format '{fmt}'{suggest(fmt, FORMATS)}; use one of {', '.join(FORMATS)}")
@@ -68,15 +69,16 @@ def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dty
     saved = SavedDrafter.read(src, target, dtype=DTYPES.get(dtype), speculative_tokens=speculative_tokens)
     out = Path(out).expanduser()
     check_out(out, fmt, saved, overwrite)
-    provenance = {"format": fmt, "source": str(saved.folder), "head": to_dict(saved.head), "target": saved.config.get("target"),
-                  "feature_layers": saved.config.get("feature_layers")}
+    provenance = {"format": fmt, "source": str(saved.folder), "head": to_dict(saved.head),
+                  "target": saved.config.get("target"), "feature_layers": saved.config.get("feature_layers")}
     if fmt == "native":
         validate_native(saved)
 
         def copy(tmp: Path) -> None:
             shutil.copytree(saved.folder, tmp, dirs_exist_ok=True)
             if dtype is not None:   # the same tensors, cast
-                save_file({k: v.contiguous() for k, v in saved.state.items()}, str(tmp / WEIGHTS), metadata={"format": "pt"})
+                save_file({k: v.contiguous() for k, v in saved.state.items()}, str(tmp / WEIGHTS),
+                          metadata={"format": "pt"})
             write_mappings(tmp, saved)
             (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
 
@@ -85,7 +87,8 @@ def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dty
     if fmt in FOLDER_FORMATS:
 
         def fill_engine_folder(tmp: Path) -> None:
-            gguf = target_gguf or (target if isinstance(target, (str, os.PathLike)) and str(target).endswith(".gguf") else None)
+            gguf = target_gguf or (target if isinstance(target, (str, os.PathLike)) and str(target).endswith(".gguf")
+                                   else None)
             record = ENGINES[fmt].WRITERS[saved.kind](saved, tmp, gguf)
             (tmp / PROVENANCE).write_text(json.dumps({**provenance, **record}, indent=2) + "\n")
 
@@ -123,9 +126,11 @@ def check_out(out: Path, fmt: str, saved: SavedDrafter, overwrite: bool) -> None
     if out.is_dir() and any(out.iterdir()):
         previous = previous_export(out)
         if previous is None:
-            raise DraftheadsError(f"--out {out} is not empty and is not a draftheads export; choose a new or empty folder")
+            raise DraftheadsError(f"--out {out} is not empty and is not a draftheads export; choose a new or "
+                                  "empty folder")
         if previous != fmt:
-            raise DraftheadsError(f"--out {out} holds a previous '{previous}' export, not '{fmt}'; choose another folder")
+            raise DraftheadsError(f"--out {out} holds a previous '{previous}' export, not '{fmt}'; choose "
+                                  "another folder")
         if not overwrite:
             raise DraftheadsError(f"--out {out} holds a previous '{fmt}' export; pass --overwrite to replace it")
     parent = next(p for p in [out, *out.parents] if p.exists())
@@ -158,7 +163,8 @@ def validate_native(saved: SavedDrafter) -> None:
     found = {k: tuple(v.shape) for k, v in saved.state.items()}
     if expected != found:
         diff = sorted(set(expected.items()) ^ set(found.items()))[:3]
-        raise DraftheadsError(f"{saved.folder / WEIGHTS} does not match its config.json (e.g. {diff}); re-save the drafter")
+        raise DraftheadsError(f"{saved.folder / WEIGHTS} does not match its config.json (e.g. {diff}); re-save "
+                              "the drafter")
 
 
 # ---- which formats a drafter may go to --------------------------------------------------------
@@ -171,20 +177,24 @@ def find_layout(fmt: str, kind: str) -> Layout | None:
 def refusal(saved: SavedDrafter, fmt: str) -> str | None:
     """Why `saved` cannot be exported as `fmt` (None: it can)."""
     kind = saved.kind
-    family = saved.layer_family if kind == "eagle3" else saved.family   # EAGLE-3 engines build the drafter's layer class
+    # EAGLE-3 engines build the drafter's layer class
+    family = saved.layer_family if kind == "eagle3" else saved.family
     if fmt == "native":
         return None
     if kind == "medusa2":
-        return "Medusa-2 heads read the LoRA-adapted target, which engines do not build; merge the adapter into the target first"
+        return ("Medusa-2 heads read the LoRA-adapted target, which engines do not build; merge the adapter into the "
+                "target first")
     layout = find_layout(fmt, kind)
     if layout is None:
         loads = sorted({LABELS[other.kind] for other in ENGINES[fmt].LAYOUTS if other.kind in LABELS})
         return f"{fmt} has no loader for {LABELS[kind]} drafters (it loads {', '.join(loads)} drafters only)"
     if layout.families and family not in layout.families:
         if kind == "eagle3":
-            return (f"{layout.engine} has no EAGLE-3 class for a {family} draft layer (it builds {', '.join(layout.families)} "
-                    "layers); train with head.draft_layer: llama, which every engine loads")
-        return f"{layout.engine} has no {kind} layer for a {family or 'unknown'} target (it supports {', '.join(layout.families)})"
+            return (f"{layout.engine} has no EAGLE-3 class for a {family} draft layer (it builds "
+                    f"{', '.join(layout.families)} layers); train with head.draft_layer: llama, which every "
+                    "engine loads")
+        return (f"{layout.engine} has no {kind} layer for a {family or 'unknown'} target (it supports "
+                f"{', '.join(layout.families)})")
     reason = ENGINES[fmt].refusal(saved)  # what this engine's loader cannot hold
     if reason is None and kind not in ENGINES[fmt].WRITERS:
         return f"writing {kind} heads for {layout.engine} is not implemented"

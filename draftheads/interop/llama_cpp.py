@@ -51,10 +51,12 @@ LAYOUTS = (
             f"{ARCH}.block_count": "1", f"{ARCH}.embedding_length": "H", f"{ARCH}.feed_forward_length": "I",
             f"{ARCH}.attention.head_count": "heads", f"{ARCH}.attention.head_count_kv": "kv_heads",
             f"{ARCH}.attention.key_length": "D", f"{ARCH}.attention.value_length": "D",
-            f"{ARCH}.attention.layer_norm_rms_epsilon": "rms_norm_eps", f"{ARCH}.context_length": "max_position_embeddings",
+            f"{ARCH}.attention.layer_norm_rms_epsilon": "rms_norm_eps",
+            f"{ARCH}.context_length": "max_position_embeddings",
             f"{ARCH}.rope.freq_base": "rope_theta", f"{ARCH}.rope.dimension_count": "D", f"{ARCH}.vocab_size": "V",
             f"{ARCH}.target_layers": "3 target layer ids, each the INPUT of that layer (layer l's output is l + 1)",
-            f"{ARCH}.target_hidden_size": "H", f"{ARCH}.norm_before_residual": "false (?)", f"{ARCH}.norm_before_fc": "false (?)",
+            f"{ARCH}.target_hidden_size": "H", f"{ARCH}.norm_before_residual": "false (?)",
+            f"{ARCH}.norm_before_fc": "false (?)",
             "tokenizer.*": "the target GGUF's own fields, copied: the draft and target vocabularies must match exactly",
         },
         tensors=(   # shapes in PyTorch order [out, in]; GGUF lists them reversed
@@ -103,7 +105,8 @@ def refusal(saved: SavedDrafter) -> str | None:
     rope = full_attention_rope(saved.layer_config()) or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind not in ROPE_KINDS:
-        return f"the drafter's '{kind}' RoPE scaling has no EAGLE-3 path in llama.cpp (it takes {', '.join(ROPE_KINDS)})"
+        return (f"the drafter's '{kind}' RoPE scaling has no EAGLE-3 path in llama.cpp (it takes "
+                f"{', '.join(ROPE_KINDS)})")
     return None
 
 
@@ -135,14 +138,15 @@ def check_target_gguf(saved: SavedDrafter, path: Path):
     want = GGUF_ARCHS.get(saved.family or "", saved.family)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     found = {"architecture": arch, "vocabulary": len(tokens.data) if tokens else None,
-             "hidden size": field_value(reader, f"{arch}.embedding_length"), "layers": field_value(reader, f"{arch}.block_count")}
+             "hidden size": field_value(reader, f"{arch}.embedding_length"),
+             "layers": field_value(reader, f"{arch}.block_count")}
     wanted = {"architecture": want, "vocabulary": target.get("vocab_size"), "hidden size": target.get("hidden_size"),
               "layers": target.get("num_layers")}
     wrong = [f"{what} {found[what]} (the drafter's target: {wanted[what]})" for what in wanted
              if wanted[what] is not None and found[what] != wanted[what]]
     if wrong:
-        raise DraftheadsError(f"{path.name} is not the target this drafter was trained for: {'; '.join(wrong)}; pass the "
-                              "target's own GGUF as --target PATH.gguf")
+        raise DraftheadsError(f"{path.name} is not the target this drafter was trained for: {'; '.join(wrong)}; pass "
+                              "the target's own GGUF as --target PATH.gguf")
     return reader
 
 
@@ -194,7 +198,8 @@ def hyperparameters(saved: SavedDrafter, layer, head_dim: int) -> dict:
         "attention.key_length": head_dim, "attention.value_length": head_dim,
         "attention.layer_norm_rms_epsilon": float(layer.rms_norm_eps),
         "context_length": int(getattr(layer, "max_position_embeddings", 0) or 4096),
-        "rope.freq_base": float(theta), "rope.dimension_count": head_dim, "vocab_size": int(saved.config["target"]["vocab_size"]),
+        "rope.freq_base": float(theta), "rope.dimension_count": head_dim,
+        "vocab_size": int(saved.config["target"]["vocab_size"]),
         # llama.cpp captures the INPUT of each listed layer: our layer l's output is the input of layer l + 1
         "target_layers": [layer_id + 1 for layer_id in saved.head.feature_layers],
         "target_hidden_size": int(saved.config["target"]["hidden_size"]),
@@ -231,7 +236,8 @@ def copy_fields(reader, writer, keep) -> None:
             writer.add_key_value(name, field.contents(), field.types[0], sub_type=field.types[-1] if array else None)
 
 
-def gguf_tensors(saved: SavedDrafter, heads: int, kv_heads: int, rope_freqs: torch.Tensor | None) -> dict[str, torch.Tensor]:
+def gguf_tensors(saved: SavedDrafter, heads: int, kv_heads: int,
+                 rope_freqs: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """The drafter's tensors under llama.cpp's names (LAYOUTS), q/k rows interleaved, d2t as absolute ids."""
     s = saved.state
     layer = "blk.0."

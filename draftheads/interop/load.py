@@ -62,7 +62,8 @@ def detect(folder: Path, config: dict) -> str:
     archs = config.get("architectures") or []
     if "speculators_model_type" in config:
         if config["speculators_model_type"] != "eagle3":
-            raise DraftheadsError(f"'{folder}': speculators model type '{config['speculators_model_type']}' is not read here (eagle3 only)")
+            raise DraftheadsError(f"'{folder}': speculators model type '{config['speculators_model_type']}' is not "
+                                  "read here (eagle3 only)")
         return "eagle3"
     if "medusa_num_heads" in config:
         return "medusa-tgi"
@@ -73,7 +74,8 @@ def detect(folder: Path, config: dict) -> str:
     if any(a in EAGLE_ARCHS for a in archs) or has_eagle_tensors(folder):
         return "eagle"
     raise DraftheadsError(
-        f"'{folder}' is neither a draftheads drafter nor a layout we read (vLLM/SGLang/TGI/speculators Medusa, EAGLE, EAGLE-3)"
+        f"'{folder}' is neither a draftheads drafter nor a layout we read "
+        "(vLLM/SGLang/TGI/speculators Medusa, EAGLE, EAGLE-3)"
     )
 
 
@@ -99,7 +101,8 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
             try:
                 return dict(torch.load(folder / name, map_location="cpu", weights_only=True))
             except Exception as e:  # noqa: BLE001 - torch raises many types for a bad or unsafe pickle
-                raise DraftheadsError(f"cannot read {folder / name} as plain tensors ({type(e).__name__}); convert it to safetensors") from None
+                raise DraftheadsError(f"cannot read {folder / name} as plain tensors ({type(e).__name__}); convert it "
+                                      "to safetensors") from None
     raise DraftheadsError(f"'{folder}' has no weights (*.safetensors, pytorch_model.bin or medusa_lm_head.pt)")
 
 
@@ -126,12 +129,13 @@ def load_strict(module: torch.nn.Module, state: dict, folder: Path) -> None:
             state[key] = torch.zeros_like(expected[key])
     missing, unexpected = sorted(keys - set(state)), sorted(set(state) - keys)
     if missing or unexpected:
-        parts = ([f"missing {missing[:3]}"] if missing else []) + ([f"unexpected {unexpected[:3]}"] if unexpected else [])
+        parts = (([f"missing {missing[:3]}"] if missing else [])
+                 + ([f"unexpected {unexpected[:3]}"] if unexpected else []))
         raise DraftheadsError(f"'{folder}' does not fit a drafter for this target ({'; '.join(parts)})")
     for key in keys:
         if tuple(state[key].shape) != tuple(expected[key].shape):
             raise DraftheadsError(
-                f"'{folder}': {key} has shape {tuple(state[key].shape)} but this target needs {tuple(expected[key].shape)}; "
-                "it was trained for another target"
+                f"'{folder}': {key} has shape {tuple(state[key].shape)} but this target needs "
+                f"{tuple(expected[key].shape)}; it was trained for another target"
             )
     module.load_state_dict({k: state[k].to(expected[k].dtype) for k in keys}, strict=False)

@@ -99,14 +99,16 @@ def resolve_drafter_folder(path) -> Path:
     """A drafter folder from a drafter folder or a run folder (final/drafter, else the newest complete step's)."""
     path = Path(path).expanduser()
     if not path.exists():
-        raise DraftheadsError(f"drafter path '{path}' does not exist; give a drafter folder or a run folder (runs/<name>)")
+        raise DraftheadsError(f"drafter path '{path}' does not exist; give a drafter folder or a run folder "
+                              "(runs/<name>)")
     if (path / CONFIG).is_file():
         return path
     for candidate in drafter_candidates(path):
         if (candidate / CONFIG).is_file():
             return candidate
     raise DraftheadsError(
-        f"'{path}' has no config.json; give a drafter folder (with model.safetensors + config.json) or a run folder with final/drafter/"
+        f"'{path}' has no config.json; "
+        "give a drafter folder (with model.safetensors + config.json) or a run folder with final/drafter/"
     )
 
 
@@ -115,7 +117,8 @@ def read_config(folder: Path) -> dict:
     try:
         return json.loads((folder / CONFIG).read_text())
     except json.JSONDecodeError as e:
-        raise DraftheadsError(f"{folder / CONFIG} is not valid JSON ({e.msg} at line {e.lineno}); re-export the drafter") from None
+        raise DraftheadsError(f"{folder / CONFIG} is not valid JSON ({e.msg} at line {e.lineno}); re-export "
+                              "the drafter") from None
 
 
 def saved_head(config: dict, folder: Path) -> HeadConfig:
@@ -146,8 +149,8 @@ def check_target(saved: dict | None, target, folder: Path) -> None:
     for key in CHECKED:
         if saved.get(key) is not None and saved[key] != current[key]:
             raise DraftheadsError(
-                f"drafter {folder} was trained for a target with {key} {saved[key]} but this target has {key} {current[key]}; "
-                f"load it with {saved.get('name') or 'the original target'}"
+                f"drafter {folder} was trained for a target with {key} {saved[key]} but this target has {key} "
+                f"{current[key]}; load it with {saved.get('name') or 'the original target'}"
             )
 
 
@@ -157,7 +160,8 @@ def read_weights(file: Path) -> dict[str, torch.Tensor]:
         return load_file(str(file), device="cpu")
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for a truncated or foreign file
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        raise DraftheadsError(f"{file} is damaged and cannot be read ({first}); re-save or re-export the drafter") from None
+        raise DraftheadsError(f"{file} is damaged and cannot be read ({first}); re-save or re-export "
+                              "the drafter") from None
 
 
 def load_weights(module: torch.nn.Module, file: Path) -> None:
@@ -168,8 +172,10 @@ def load_weights(module: torch.nn.Module, file: Path) -> None:
     expected = set(module.state_dict())
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
-        parts = ([f"missing {missing[:3]}"] if missing else []) + ([f"unexpected {unexpected[:3]}"] if unexpected else [])
-        raise DraftheadsError(f"{file} does not match the drafter its config.json describes ({'; '.join(parts)}); re-export it")
+        parts = (([f"missing {missing[:3]}"] if missing else [])
+                 + ([f"unexpected {unexpected[:3]}"] if unexpected else []))
+        raise DraftheadsError(f"{file} does not match the drafter its config.json describes ({'; '.join(parts)}); "
+                              "re-export it")
     try:
         module.load_state_dict(state, strict=False)
     except RuntimeError as e:  # shape mismatch
@@ -191,7 +197,8 @@ class SavedDrafter:
     speculative_tokens_given: int | None = None
 
     @classmethod
-    def read(cls, src, target_ref=None, dtype: torch.dtype | None = None, speculative_tokens: int | None = None) -> "SavedDrafter":
+    def read(cls, src, target_ref=None, dtype: torch.dtype | None = None,
+             speculative_tokens: int | None = None) -> "SavedDrafter":
         """The drafter at `src`; `dtype` casts its floating-point tensors (index maps such as d2t stay integers)."""
         folder = resolve_drafter_folder(src)
         config = read_config(folder)
@@ -253,8 +260,8 @@ class SavedDrafter:
         try:
             return text_config(AutoConfig.from_pretrained(where, **extra))
         except (OSError, ValueError) as e:
-            raise DraftheadsError(f"cannot read the target config from '{self.target_name()}' ({str(e).splitlines()[0][:120]}); "
-                                  "pass --target PATH") from None
+            raise DraftheadsError(f"cannot read the target config from '{self.target_name()}' "
+                                  f"({str(e).splitlines()[0][:120]}); pass --target PATH") from None
 
     def layer_config(self):
         """The config of the drafter's decoder layer as the engines build it: the Llama layer EAGLE-3 uses by default
@@ -273,7 +280,8 @@ class SavedDrafter:
         """Where the target is, resolved as load_target resolves it (the embedded alias included), offline."""
         name = self.target_name()
         if not name:
-            raise DraftheadsError("this export needs the target's config but the drafter records no target; pass --target PATH_OR_HUB_ID")
+            raise DraftheadsError("this export needs the target's config but the drafter records no target; pass "
+                                  "--target PATH_OR_HUB_ID")
         return locate_target(name)
 
 
@@ -290,4 +298,5 @@ def read_target_tensor(name: str, keys: tuple[str, ...]) -> torch.Tensor:
             for key in keys:
                 if key in f.keys():
                     return f.get_tensor(key)
-    raise DraftheadsError(f"cannot read the target's lm_head from '{name}' (needed: this engine does not share it); pass --target LOCAL_FOLDER")
+    raise DraftheadsError(f"cannot read the target's lm_head from '{name}' (needed: this engine does not share it); "
+                          "pass --target LOCAL_FOLDER")

@@ -24,7 +24,8 @@ LAYOUTS = (
         weights_file="model.safetensors",
         architectures=("LlamaForCausalLMEagle",),  # Qwen2ForCausalLMEagle for a qwen2 target
         config={"num_hidden_layers": "1", "(rest)": "the target's config with its model_type"},
-        tensors=(Tensor("fc.weight", ("H", "2H")), Tensor("fc.bias", ("H",))) + llama_layer("layers.0.", "H", input_norm=False),
+        tensors=(Tensor("fc.weight", ("H", "2H")), Tensor("fc.bias", ("H",)))
+                + llama_layer("layers.0.", "H", input_norm=False),
         families=("llama", "mistral", "qwen2"),
         read_from=(
             LoaderFile(SGLANG, "python/sglang/srt/models/llama_eagle.py", "3b64d5dee0756de843b5f022966f69c995cd15ea"),
@@ -32,7 +33,8 @@ LAYOUTS = (
         ),
         traps=(
             "fc always has a bias (nn.Linear default): a folder without fc.bias leaves it uninitialised",
-            "layer 0's input_layernorm is replaced by the identity; names that match nothing are dropped without a warning",
+            "layer 0's input_layernorm is replaced by the identity; "
+            "names that match nothing are dropped without a warning",
             "embed_tokens and lm_head are replaced by the target's at start-up",
         ),
     ),
@@ -43,13 +45,15 @@ LAYOUTS = (
             "model_type": "llama", "num_hidden_layers": "1 (anything else raises)", "draft_vocab_size": "Vd",
             "target_hidden_size": "H", "tie_word_embeddings": "false (true makes lm_head the full-vocab embedding)",
             "eagle_config": "{'eagle_aux_hidden_state_layer_ids': [l, ...]}: target layer OUTPUTS (SGLang adds 1)",
-            "eagle_aux_hidden_state_layer_ids": "the same layers as hidden_states indices (l + 1), for vLLM and llama.cpp's converter",
+            "eagle_aux_hidden_state_layer_ids": "the same layers as hidden_states indices (l + 1), for vLLM and "
+                                                "llama.cpp's converter",
         },
         tensors=eagle3_tensors("midlayer."),
         families=("llama", "mistral"),
         read_from=(
             LoaderFile(SGLANG, "python/sglang/srt/models/llama_eagle3.py", "d737979cbd17c6162f39c1953cfa72d3d23cc0d0"),
-            LoaderFile(SGLANG, "python/sglang/srt/models/llama.py", "set_eagle3_layers_to_capture: [val + 1 for val in layer_ids]"),
+            LoaderFile(SGLANG, "python/sglang/srt/models/llama.py",
+                       "set_eagle3_layers_to_capture: [val + 1 for val in layer_ids]"),
         ),
         traps=(
             "tie_word_embeddings true with a smaller draft vocabulary: lm_head becomes the embedding",
@@ -76,7 +80,8 @@ def write_eagle3(s: SavedDrafter):
     # in the hidden-state numbering of vLLM and llama.cpp's converter, serves tools that read this folder with those.
     extra = eagle3_fields(s, [layer + 1 for layer in s.head.feature_layers])
     extra["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(s.head.feature_layers)}
-    config = engine_layer_config(s.layer_config(), "llama", ["LlamaForCausalLMEagle3"], s.dtype, **extra, tie_word_embeddings=False)
+    config = engine_layer_config(s.layer_config(), "llama", ["LlamaForCausalLMEagle3"], s.dtype, **extra,
+                                 tie_word_embeddings=False)
     return eagle3_to_engine(s.state, "midlayer."), config, "model.safetensors"
 
 

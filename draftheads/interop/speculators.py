@@ -16,7 +16,8 @@ LAYOUTS = (
         weights_file="model.safetensors",
         architectures=("Eagle3Speculator",),
         config={
-            "speculators_model_type": "eagle3", "transformer_layer_config": "the layer's config (model_type llama or qwen3)",
+            "speculators_model_type": "eagle3",
+            "transformer_layer_config": "the layer's config (model_type llama or qwen3)",
             "speculators_config": "{algorithm, proposal_methods: [{proposal_type: greedy, speculative_tokens}], "
             "default_proposal_method, verifier: {name_or_path, architectures}}",
             "draft_vocab_size": "Vd", "target_hidden_size": "H", "norm_before_residual": "false, written explicitly",
@@ -28,7 +29,8 @@ LAYOUTS = (
             LoaderFile(SPECULATORS, "src/speculators/config.py", "PyPI speculators==0.9.0"),
             LoaderFile(SPECULATORS, "src/speculators/model.py", "PyPI speculators==0.9.0"),
             LoaderFile(SPECULATORS, "src/speculators/models/eagle3/core.py", "PyPI speculators==0.9.0"),
-            LoaderFile(VLLM, "vllm/transformers_utils/configs/speculators/base.py", "94699746757f9d68e2f4bd89ad2c4b10ed962457"),
+            LoaderFile(VLLM, "vllm/transformers_utils/configs/speculators/base.py",
+                       "94699746757f9d68e2f4bd89ad2c4b10ed962457"),
             LoaderFile(VLLM, "vllm/transformers_utils/configs/speculators/algos.py", "stored file id 54858736156"),
         ),
         traps=(
@@ -44,17 +46,19 @@ LAYOUTS = (
 def write_eagle3(s: SavedDrafter):
     """Eagle3Speculator: the layer's own config, vLLM's aux-layer numbering, a greedy proposal method."""
     model_type = "qwen3" if s.layer_family == "qwen3" else "llama"
-    layer = engine_layer_config(s.layer_config(), model_type, [], s.dtype, attention_bias=False, tie_word_embeddings=False)
+    layer = engine_layer_config(s.layer_config(), model_type, [], s.dtype, attention_bias=False,
+                                tie_word_embeddings=False)
     layer.pop("architectures")
     depth = s.speculative_tokens
     verifier_arch = (s.config.get("target") or {}).get("architecture")
     config = {
-        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "speculators_version": SPECULATORS_VERSION,
-        "transformer_layer_config": layer,
+        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION, "transformer_layer_config": layer,
         **eagle3_fields(s, [layer_id + 1 for layer_id in s.head.feature_layers]),  # vLLM's numbering
         "speculators_config": {
             "algorithm": "eagle3",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": depth, "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": depth, "verifier_accept_k": 1,
+                                  "accept_tolerance": 0.0}],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": s.target_name(), "architectures": [verifier_arch] if verifier_arch else []},
         },

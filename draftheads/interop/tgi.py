@@ -14,31 +14,39 @@ from draftheads.interop.native import SavedDrafter
 
 LAYOUTS = (
     Layout(
-        format="tgi", kind="medusa", engine="TGI (MedusaHeadV2: shared lm_head)", weights_file="medusa_lm_head.safetensors",
+        format="tgi", kind="medusa", engine="TGI (MedusaHeadV2: shared lm_head)",
+        weights_file="medusa_lm_head.safetensors",
         architectures=None,
-        config={"medusa_num_heads": "K", "medusa_num_layers": "1", "base_model_name_or_path": "the target's id or path"},
+        config={"medusa_num_heads": "K", "medusa_num_layers": "1",
+                "base_model_name_or_path": "the target's id or path"},
         tensors=(Tensor("{h}.0.linear.weight", ("H", "H")), Tensor("{h}.0.linear.bias", ("H",))),
         read_from=(
-            LoaderFile(TGI, "server/text_generation_server/layers/medusa.py", "f32fdd0fa16411512f09a14d0304869b5aeba73c"),
-            LoaderFile(TGI, "server/text_generation_server/layers/speculative.py", "c09f5bc93071e2701e201bb374d488e4673fac3d"),
+            LoaderFile(TGI, "server/text_generation_server/layers/medusa.py",
+                       "f32fdd0fa16411512f09a14d0304869b5aeba73c"),
+            LoaderFile(TGI, "server/text_generation_server/layers/speculative.py",
+                       "c09f5bc93071e2701e201bb374d488e4673fac3d"),
             LoaderFile(TGI, "server/text_generation_server/models/__init__.py", "get_model(): medusa_num_heads branch"),
         ),
         traps=(
-            "if config.json has 'architectures' (and it is not MLPSpeculatorPreTrainedModel) the Medusa heads are not loaded",
+            "if config.json has 'architectures' (and it is not MLPSpeculatorPreTrainedModel) "
+            "the Medusa heads are not loaded",
             "MedusaHeadV2 asserts medusa_num_layers == 1",
             "MedusaHeadV1 is tried first and wins when {h}.1.weight exists: keep the shared layout free of it",
         ),
     ),
     Layout(
-        format="tgi", kind="medusa-own", engine="TGI (MedusaHeadV1: own lm heads)", weights_file="medusa_lm_head.safetensors",
+        format="tgi", kind="medusa-own", engine="TGI (MedusaHeadV1: own lm heads)",
+        weights_file="medusa_lm_head.safetensors",
         architectures=None,
-        config={"medusa_num_heads": "K", "medusa_num_layers": "L", "base_model_name_or_path": "the target's id or path"},
+        config={"medusa_num_heads": "K", "medusa_num_layers": "L",
+                "base_model_name_or_path": "the target's id or path"},
         tensors=(
             Tensor("{h}.{l}.linear.weight", ("H", "H")),
             Tensor("{h}.{l}.linear.bias", ("H",)),
             Tensor("{h}.{L}.weight", ("V", "H")),  # the head's own lm head, right after its L blocks
         ),
-        read_from=(LoaderFile(TGI, "server/text_generation_server/layers/medusa.py", "f32fdd0fa16411512f09a14d0304869b5aeba73c"),),
+        read_from=(LoaderFile(TGI, "server/text_generation_server/layers/medusa.py",
+                              "f32fdd0fa16411512f09a14d0304869b5aeba73c"),),
         traps=("same 'architectures' trap as the shared layout; this is also the Medusa v0.1 reference layout",),
     ),
 )
@@ -72,7 +80,8 @@ def write_medusa(s: SavedDrafter):
     h = s.head
     name = s.target_name()
     if not name:
-        raise DraftheadsError("TGI loads the target from base_model_name_or_path, but the drafter records no target; pass --target HUB_ID_OR_PATH")
+        raise DraftheadsError("TGI loads the target from base_model_name_or_path, but the drafter records no target; "
+                              "pass --target HUB_ID_OR_PATH")
     config = {"medusa_num_heads": h.num_heads, "medusa_num_layers": h.num_layers, "base_model_name_or_path": name,
               "hidden_size": s.config["target"]["hidden_size"], "vocab_size": s.config["target"]["vocab_size"]}
     return medusa_to_tgi(s.state, h.num_heads, h.num_layers), config, "medusa_lm_head.safetensors"
@@ -85,7 +94,8 @@ def read_medusa(config: dict, tensors: dict) -> tuple[dict, dict]:
     own = any(k.startswith("lm_heads.") for k in state)
     if own:
         state["lm_heads_initialised"] = torch.tensor(True)
-    return {"type": "medusa", "num_heads": num_heads, "num_layers": num_layers, "lm_head": "own" if own else "shared"}, state
+    return {"type": "medusa", "num_heads": num_heads, "num_layers": num_layers,
+            "lm_head": "own" if own else "shared"}, state
 
 
 def refusal(saved: SavedDrafter) -> str | None:
@@ -94,7 +104,8 @@ def refusal(saved: SavedDrafter) -> str | None:
     if head.lm_head == "shared" and head.num_layers > 1:
         return "TGI shares the target's lm_head only with one block per head (MedusaHeadV2)"
     if head.lm_head == "own" and head.draft_vocab_size:
-        return "TGI's own Medusa lm heads cover the whole vocabulary, these only the draft vocabulary (head.draft_vocab_size)"
+        return ("TGI's own Medusa lm heads cover the whole vocabulary, these only the draft vocabulary "
+                "(head.draft_vocab_size)")
     return None
 
 

@@ -55,7 +55,8 @@ LAYOUTS = (
             "num_hidden_layers, so no other such key (num_attention_heads, num_key_value_heads) may appear",
             "the target's lm_head is not shared: the lm head weights must be in the folder",
             "weights not named blocks.* / lm_heads.* (or medusa_heads.-prefixed) are ignored",
-            "token_map is read only when truncated_vocab_size < vocab_size; lm heads with more rows are cut to token_map's",
+            "token_map is read only when truncated_vocab_size < vocab_size; "
+            "lm heads with more rows are cut to token_map's",
         ),
     ),
     Layout(
@@ -135,7 +136,8 @@ def medusa_from_vllm(tensors: dict, num_heads: int, num_layers: int) -> dict:
 
 
 def write_medusa(s: SavedDrafter):
-    """MedusaModel: the blocks, and the lm heads (one copy of the target's when shared; token_map for a draft vocabulary)."""
+    """MedusaModel: the blocks, and the lm heads (one copy of the target's when shared; token_map for a draft
+    vocabulary)."""
     h = s.head
     tensors = medusa_to_vllm(s.state, h.num_heads, h.num_layers)
     shared = h.lm_head == "shared"
@@ -166,9 +168,11 @@ def read_medusa(config: dict, tensors: dict, target) -> tuple[dict, dict]:
         state["t2d"] = draft_vocab.members(state["d2t"], vocab)
     if config.get("original_lm_head"):
         shared = state.pop("lm_heads.0.weight")
-        if torch.equal(shared.to(torch.float32), target.get_output_embeddings().weight.detach().cpu().to(torch.float32)):
+        if torch.equal(shared.to(torch.float32),
+                       target.get_output_embeddings().weight.detach().cpu().to(torch.float32)):
             return {**head, "lm_head": "shared"}, state
-        state.update({f"lm_heads.{h}.weight": shared for h in range(num_heads)})  # a trained shared head: keep it, per head
+        # a trained shared head: keep it, per head
+        state.update({f"lm_heads.{h}.weight": shared for h in range(num_heads)})
     if not any(k.startswith("lm_heads.") for k in state):
         raise DraftheadsError("this vLLM Medusa folder has no lm_heads.* tensors; it cannot be loaded")
     if draft_ids is not None:  # vLLM also takes full-vocabulary heads and keeps token_map's rows
@@ -183,10 +187,12 @@ def token_map(config: dict, tensors: dict, vocab: int) -> torch.Tensor | None:
     if truncated >= vocab:
         return None
     if "token_map" not in tensors:
-        raise DraftheadsError(f"this vLLM Medusa folder sets truncated_vocab_size {truncated} < {vocab} but has no token_map tensor")
+        raise DraftheadsError(f"this vLLM Medusa folder sets truncated_vocab_size {truncated} < {vocab} but has no "
+                              "token_map tensor")
     ids = tensors["token_map"].long().flatten()
     if len(ids) != truncated or len(ids.unique()) != truncated or ids.min() < 0 or ids.max() >= vocab:
-        raise DraftheadsError(f"this vLLM Medusa folder's token_map must hold {truncated} distinct token ids below {vocab}")
+        raise DraftheadsError(f"this vLLM Medusa folder's token_map must hold {truncated} distinct token ids "
+                              f"below {vocab}")
     return ids
 
 
@@ -196,7 +202,8 @@ def write_eagle(s: SavedDrafter):
     """EagleLlamaForCausalLM: fc without its bias, which is folded into the attention biases (exact)."""
     tensors = eagle_to_engine(s.state, fold_fc_bias="fc.bias" in s.state)
     qkv, o = layer_biases(tensors, "layers.0.")
-    config = engine_layer_config(s.target_config(), "llama", ["EagleLlamaForCausalLM"], s.dtype, attention_bias=o, qkv_bias=qkv)
+    config = engine_layer_config(s.target_config(), "llama", ["EagleLlamaForCausalLM"], s.dtype, attention_bias=o,
+                                 qkv_bias=qkv)
     return tensors, config, "model.safetensors"
 
 
@@ -204,7 +211,8 @@ def write_eagle3(s: SavedDrafter):
     """LlamaForCausalLMEagle3 with midlayer.* names and vLLM's aux-layer numbering."""
     # vLLM captures layer i's INPUT as aux id i: our layer l's output is id l + 1
     extra = eagle3_fields(s, [layer + 1 for layer in s.head.feature_layers])
-    config = engine_layer_config(s.layer_config(), "llama", ["LlamaForCausalLMEagle3"], s.dtype, **extra, tie_word_embeddings=False)
+    config = engine_layer_config(s.layer_config(), "llama", ["LlamaForCausalLMEagle3"], s.dtype, **extra,
+                                 tie_word_embeddings=False)
     return eagle3_to_engine(s.state, "midlayer."), config, "model.safetensors"
 
 

@@ -31,18 +31,19 @@ def read_vocab_mapping(path: str, vocab_size: int) -> torch.Tensor:
     """[Vd] the target ids of the draft vocabulary stored at `path`, ascending; one-line errors for what is wrong."""
     where = Path(path).expanduser()
     if not where.exists():
-        raise DraftheadsError(f"draft vocabulary '{path}' not found; give a SpecForge vocab_mapping .pt, a speculators d2t.npy, "
-                              "or a draftheads drafter folder")
+        raise DraftheadsError(f"draft vocabulary '{path}' not found; give a SpecForge vocab_mapping .pt, a speculators "
+                              "d2t.npy, or a draftheads drafter folder")
     d2t, t2d = _read(where)
     if d2t.ndim != 1 or d2t.dtype.is_floating_point or not len(d2t):
-        raise DraftheadsError(f"draft vocabulary '{path}': d2t must be a 1-d integer tensor, got {tuple(d2t.shape)} {d2t.dtype}")
+        raise DraftheadsError(f"draft vocabulary '{path}': d2t must be a 1-d integer tensor, got {tuple(d2t.shape)} "
+                              f"{d2t.dtype}")
     ids = draft_vocab.ids(d2t.long())
     if ids.min() < 0 or ids.max() >= vocab_size or len(ids.unique()) != len(ids):
-        raise DraftheadsError(f"draft vocabulary '{path}' maps to token ids outside this target's vocabulary of {vocab_size} "
-                              "(or repeats one); it was made for another target")
+        raise DraftheadsError(f"draft vocabulary '{path}' maps to token ids outside this target's vocabulary of "
+                              f"{vocab_size} (or repeats one); it was made for another target")
     if t2d is not None and not torch.equal(t2d.bool().flatten(), draft_vocab.members(d2t.long(), vocab_size)):
-        raise DraftheadsError(f"draft vocabulary '{path}': its t2d does not mark the tokens its d2t maps to (or has another "
-                              "vocabulary size); the two files come from different runs")
+        raise DraftheadsError(f"draft vocabulary '{path}': its t2d does not mark the tokens its d2t maps to (or has "
+                              "another vocabulary size); the two files come from different runs")
     return ids.sort().values
 
 

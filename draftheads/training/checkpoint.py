@@ -70,7 +70,8 @@ def write_recipe(path: Path, recipe_dict: dict) -> None:
     """The resolved recipe as YAML that `load_recipe` reads back (derived values go in a comment)."""
     data = {k: v for k, v in recipe_dict.items() if k != "derived"}
     derived = recipe_dict.get("derived", {})
-    header = "# resolved recipe of this run; derived from the target: " + ", ".join(f"{k}={v}" for k, v in derived.items())
+    header = "# resolved recipe of this run; derived from the target: " + ", ".join(f"{k}={v}"
+                                                                                    for k, v in derived.items())
     Path(path).write_text(header + "\n" + yaml.safe_dump(data, sort_keys=False))
 
 
@@ -90,8 +91,8 @@ def damage(folder: Path) -> str | None:
     a pickled object accelerate would unpickle as code (their LR scheduler was saved that way)."""
     pickled = sorted(p.name for p in Path(folder).glob("custom_checkpoint_*.pkl"))
     if pickled:
-        return (f"it holds {pickled[0]}, a pickled object draftheads does not load (unpickling can run code); delete that "
-                "file to resume from this checkpoint (the LR schedule is replayed from the step)")
+        return (f"it holds {pickled[0]}, a pickled object draftheads does not load (unpickling can run code); delete "
+                "that file to resume from this checkpoint (the LR schedule is replayed from the step)")
     listed = Path(folder) / MANIFEST_FILE
     if not listed.is_file():
         return None
@@ -124,16 +125,18 @@ def find_resume(run_dir: Path, resume: str, warn=print) -> Path | None:
             return folder
         warn(f"draftheads: skipping damaged checkpoint {folder}: {problem}")
     if done:
-        raise DraftheadsError(f"no intact checkpoint in {run_dir} (all {len(done)} are damaged, see above); set train.resume=never "
-                              "to train from the start, or train.output_dir to a new run folder")
+        raise DraftheadsError(f"no intact checkpoint in {run_dir} (all {len(done)} are damaged, see above); set "
+                              "train.resume=never to train from the start, or train.output_dir to a new run folder")
     return None
 
 
 def explicit_checkpoint(folder: Path) -> Path:
     if not folder.is_dir():
-        raise DraftheadsError(f"train.resume: checkpoint '{folder}' not found; use auto, never, or a step_NNNNNN folder")
+        raise DraftheadsError(f"train.resume: checkpoint '{folder}' not found; use auto, never, or a "
+                              "step_NNNNNN folder")
     if not (folder / COMPLETE).is_file():
-        raise DraftheadsError(f"train.resume: '{folder}' is a half-written checkpoint (no {COMPLETE} marker); pick an earlier one")
+        raise DraftheadsError(f"train.resume: '{folder}' is a half-written checkpoint (no {COMPLETE} marker); pick an "
+                              "earlier one")
     problem = damage(folder)
     if problem:
         raise DraftheadsError(f"train.resume: checkpoint '{folder}' is damaged ({problem}); pick another one")
@@ -147,8 +150,9 @@ def load_checkpoint(accelerator, folder: Path, scheduler) -> dict:
         accelerator.load_state(str(folder))
     except Exception as e:  # noqa: BLE001 - torch and accelerate raise many types for a file they cannot use
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise DraftheadsError(f"checkpoint {folder} does not fit this run's drafter and optimizer ({first}); resume it with "
-                              "the settings it was trained with, or set train.output_dir to a new run folder") from None
+        raise DraftheadsError(f"checkpoint {folder} does not fit this run's drafter and optimizer ({first}); resume it "
+                              "with the settings it was trained with, or set train.output_dir to a new "
+                              "run folder") from None
     state = json.loads((folder / STATE_FILE).read_text())
     if (folder / SCHEDULER_FILE).is_file():
         scheduler.load_state_dict(json.loads((folder / SCHEDULER_FILE).read_text()))
@@ -221,5 +225,5 @@ def check_same_settings(folder: Path, recipe_dict: dict, defaults: dict | None =
     diff = changed_settings(saved, {k: v for k, v in recipe_dict.items() if k != "derived"}, defaults)
     if diff:
         shown = "; ".join(diff[:4]) + (f"; and {len(diff) - 4} more" if len(diff) > 4 else "")
-        raise DraftheadsError(f"{folder.parent} was trained with other settings ({shown}); set train.output_dir to start a "
-                              f"new run, or train.resume={folder} to continue this one with the new settings")
+        raise DraftheadsError(f"{folder.parent} was trained with other settings ({shown}); set train.output_dir to "
+                              f"start a new run, or train.resume={folder} to continue this one with the new settings")

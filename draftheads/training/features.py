@@ -120,8 +120,8 @@ class FeatureCache:
         except (OSError, ValueError) as e:
             shape = f"unreadable: {str(e).splitlines()[0][:80]}"
         if shape != (rows, self.dim):
-            raise DraftheadsError(f"feature cache {self.folder} is damaged ({path.name}: {shape}, expected ({rows}, {self.dim})); "
-                                  f"delete {self.folder} and train again to rebuild it")
+            raise DraftheadsError(f"feature cache {self.folder} is damaged ({path.name}: {shape}, expected ({rows}, "
+                                  f"{self.dim})); delete {self.folder} and train again to rebuild it")
 
     def row(self, i: int) -> torch.Tensor:
         s = i // self.shard_rows
@@ -164,16 +164,20 @@ def build_feature_cache(accelerator, target, rowset, lengths: np.ndarray, layers
         if share_folder:
             taken = _take_shards(folder, settings, digests)
             if taken:
-                print(f"draftheads: {taken} of {shards} feature shards taken from an earlier cache of the same rows", file=sys.stderr)
+                print(f"draftheads: {taken} of {shards} feature shards taken from an earlier cache of the same rows",
+                      file=sys.stderr)
         total = int(lengths.sum()) * dim * nbytes
         _check_disk(folder, total)
         print(f"draftheads: caching target features for {int(lengths.sum()):,} tokens x {dim} ({feature_dtype}) "
-              f"= {total / 2**20:,.1f} MiB ({dim * nbytes * 1000 / 2**20:.2f} MiB per 1k tokens) in {folder}", file=sys.stderr)
+              f"= {total / 2**20:,.1f} MiB ({dim * nbytes * 1000 / 2**20:.2f} MiB per 1k tokens) in {folder}",
+              file=sys.stderr)
     accelerator.wait_for_everyone()
-    mine = [s for s in range(accelerator.process_index, shards, accelerator.num_processes) if not (folder / shard_name(s)).is_file()]
+    mine = [s for s in range(accelerator.process_index, shards, accelerator.num_processes)
+            if not (folder / shard_name(s)).is_file()]
     bar = _progress(accelerator, len(mine))
     for s in mine:
-        _write_shard(target, rowset, lengths, layers, folder, s, torch_dtype, np_dtype, dim, batch_size, accelerator.device)
+        _write_shard(target, rowset, lengths, layers, folder, s, torch_dtype, np_dtype, dim, batch_size,
+                     accelerator.device)
         bar.update(1)
     bar.close()
     accelerator.wait_for_everyone()
@@ -249,8 +253,8 @@ def _write_shard(target, rowset, lengths, layers, folder, s, torch_dtype, np_dty
 def _check_disk(folder: Path, needed: int) -> None:
     free = shutil.disk_usage(folder).free
     if free < needed:
-        raise DraftheadsError(f"the feature cache needs {needed / 2**30:.1f} GiB but {folder} has {free / 2**30:.1f} GiB free; "
-                              f"free space, set train.feature_cache elsewhere, or use train.mode=online")
+        raise DraftheadsError(f"the feature cache needs {needed / 2**30:.1f} GiB but {folder} has {free / 2**30:.1f} "
+                              "GiB free; free space, set train.feature_cache elsewhere, or use train.mode=online")
 
 
 def _progress(accelerator, total: int):

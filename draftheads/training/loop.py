@@ -40,17 +40,21 @@ class TrainConfig:
     """The Accelerate training loop (`draftheads train`)."""
 
     output_dir: str | None = doc(None, "run folder (default runs/<name>)")
-    mode: Literal["online", "offline"] = doc("online", "'online': target forward every step; 'offline': features cached to disk once")
+    mode: Literal["online", "offline"] = doc("online", "'online': target forward every step; 'offline': features "
+                                                       "cached to disk once")
     max_steps: int = doc(1000, "optimizer steps")
-    time_budget_minutes: float | None = doc(None, "the wall-clock budget this recipe is sized for on its stated hardware")
+    time_budget_minutes: float | None = doc(None, "the wall-clock budget this recipe is sized for on its "
+                                                  "stated hardware")
     batch_size: int = doc(8, "sequences per micro-batch per process")
     grad_accum: int = doc(1, "micro-batches per optimizer step")
     max_length: int = doc(1024, "longest training sequence in tokens")
     more_data: list[str] = doc([], "finished `draftheads data` folders trained on after data.output's rows (another "
                                    "recipe's mixture, e.g. more of one task kind), made for the same target")
-    draft_vocab_from: str | None = doc(None, "reuse a draft vocabulary instead of choosing the most frequent tokens: SpecForge's "
-                                             "vocab_mapping .pt, speculators' d2t.npy, or a draftheads drafter/run folder")
-    bucket_by_length: bool = doc(True, "batch rows of similar length together (less padding); rows never attend to each other")
+    draft_vocab_from: str | None = doc(None, "reuse a draft vocabulary instead of choosing the most frequent tokens: "
+                                             "SpecForge's vocab_mapping .pt, speculators' d2t.npy, or a draftheads "
+                                             "drafter/run folder")
+    bucket_by_length: bool = doc(True, "batch rows of similar length together (less padding); rows never attend to "
+                                       "each other")
     lr: float = doc(3e-4, "AdamW learning rate")
     weight_decay: float = doc(0.0, "AdamW weight decay")
     betas: list[float] = doc([0.9, 0.95], "AdamW betas")
@@ -58,26 +62,31 @@ class TrainConfig:
     schedule: Literal["cosine", "linear", "constant"] = doc("cosine", "learning-rate schedule after warm-up")
     max_grad_norm: float = doc(1.0, "gradient clipping (0 = off)")
     seed: int = doc(0, "seed for weights, data order and noise")
-    dtype: Literal["auto", "bf16", "fp16", "fp32"] = doc("auto", "'auto': bf16 where the hardware has native bf16, else fp32")
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] = doc("auto", "'auto': bf16 where the hardware has native "
+                                                                 "bf16, else fp32")
     eval_fraction: float = doc(0.05, "share of rows held out for evaluation")
     eval_every: int = doc(200, "evaluate every N steps")
     save_every: int = doc(500, "checkpoint every N steps")
     keep_last: int = doc(2, "checkpoints kept (the best one is kept too)")
     resume: str = doc("auto", "'auto' (newest complete checkpoint), 'never', or a checkpoint folder")
     log_every: int = doc(10, "log metrics every N steps")
-    feature_dtype: Literal["bf16", "fp16", "fp32"] = doc("bf16", "offline mode: dtype of cached features (fp32 doubles the disk size)")
+    feature_dtype: Literal["bf16", "fp16", "fp32"] = doc("bf16", "offline mode: dtype of cached features (fp32 doubles "
+                                                                 "the disk size)")
     feature_cache: str | None = doc(None, "offline mode: feature cache folder (default <data folder>/features/<key>)")
 
     def __post_init__(self):
         check(self.lr > 0, f"train.lr must be positive, got {self.lr}")
-        for name in ("max_steps", "batch_size", "grad_accum", "max_length", "eval_every", "save_every", "log_every", "keep_last"):
+        for name in ("max_steps", "batch_size", "grad_accum", "max_length", "eval_every", "save_every", "log_every",
+                     "keep_last"):
             check(getattr(self, name) > 0, f"train.{name} must be positive, got {getattr(self, name)}")
         check(self.warmup_steps >= 0, f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
         check(self.weight_decay >= 0, f"train.weight_decay must be >= 0, got {self.weight_decay}")
         check(self.max_grad_norm >= 0, f"train.max_grad_norm must be >= 0, got {self.max_grad_norm}")
         check(0 <= self.eval_fraction < 1, f"train.eval_fraction must be in [0, 1), got {self.eval_fraction}")
-        check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), f"train.betas must be two numbers in [0, 1), got {self.betas}")
-        check(self.time_budget_minutes is None or self.time_budget_minutes > 0, "train.time_budget_minutes must be positive")
+        check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+              f"train.betas must be two numbers in [0, 1), got {self.betas}")
+        check(self.time_budget_minutes is None or self.time_budget_minutes > 0,
+              "train.time_budget_minutes must be positive")
 
 
 
@@ -102,15 +111,17 @@ def micro_batches(run: Run):
     """Endless micro-batches for this process; run.state's (epoch, batch_in_epoch) tracks the position."""
     cfg, acc, state = run.recipe.train, run.accelerator, run.state
     while True:
-        epoch = B.epoch_batches(run.train_idx, run.lengths, cfg.batch_size, cfg.seed, state["epoch"], cfg.bucket_by_length)
+        epoch = B.epoch_batches(run.train_idx, run.lengths, cfg.batch_size, cfg.seed, state["epoch"],
+                                cfg.bucket_by_length)
         mine = B.shard(epoch, acc.process_index, acc.num_processes)
         if not mine:
-            raise DraftheadsError(f"{len(run.train_idx)} training rows make no full batch of train.batch_size={cfg.batch_size} "
-                                  f"on each of {acc.num_processes} process(es); lower train.batch_size or generate more data")
+            raise DraftheadsError(f"{len(run.train_idx)} training rows make no full batch of "
+                                  f"train.batch_size={cfg.batch_size} on each of {acc.num_processes} process(es); "
+                                  "lower train.batch_size or generate more data")
         # A private generator: a DataLoader otherwise draws its base seed from the global RNG when an
         # epoch starts, and a resumed run (which restarts the epoch's loader) would drift from a straight one.
-        loader = torch.utils.data.DataLoader(run.rows, batch_sampler=mine[state["batch_in_epoch"]:], collate_fn=B.collate,
-                                             generator=torch.Generator())
+        loader = torch.utils.data.DataLoader(run.rows, batch_sampler=mine[state["batch_in_epoch"]:],
+                                             collate_fn=B.collate, generator=torch.Generator())
         for batch in loader:
             state["batch_in_epoch"] += 1
             yield batch
@@ -123,7 +134,8 @@ def with_features(run: Run, batch: dict) -> dict:
     device = run.accelerator.device
     batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
     if run.online and not run.drafter.trains_target:
-        batch["features"] = target_features(run.target, batch["input_ids"], batch["attention_mask"], run.drafter.feature_layers)
+        batch["features"] = target_features(run.target, batch["input_ids"], batch["attention_mask"],
+                                            run.drafter.feature_layers)
     return batch
 
 
@@ -182,9 +194,9 @@ def train(run: Run, after_step=None) -> None:
     cfg = recipe.train
     final = run.run_dir / FINAL / DRAFTER
     if state["step"] >= cfg.max_steps and final.is_dir():
-        acc.print(f"draftheads: {run.run_dir} has finished ({state['step']} of {cfg.max_steps} steps; drafter in {final}); "
-                  f"to train further raise train.max_steps and set train.resume={C.list_checkpoints(run.run_dir)[-1]}, "
-                  "or set train.output_dir for a new run")
+        acc.print(f"draftheads: {run.run_dir} has finished ({state['step']} of {cfg.max_steps} steps; drafter in "
+                  f"{final}); to train further raise train.max_steps and set "
+                  f"train.resume={C.list_checkpoints(run.run_dir)[-1]}, or set train.output_dir for a new run")
         return
     start_trackers(acc, recipe.log, recipe.name, recipe.to_dict())
     batches = micro_batches(run)
@@ -222,7 +234,8 @@ def train(run: Run, after_step=None) -> None:
         if flag and step < cfg.max_steps:
             stopped_by = "time_budget"
             say.write(f"draftheads: the time budget ({cfg.time_budget_minutes:g} min) ran out after step {step} of "
-                      f"{cfg.max_steps}; checkpoint saved, finishing now (raise train.time_budget_minutes to train longer)")
+                      f"{cfg.max_steps}; checkpoint saved, finishing now (raise train.time_budget_minutes to "
+                      "train longer)")
             break
     bar.close()
     finish(run, stopped_by, depth, clock)

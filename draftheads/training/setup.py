@@ -134,7 +134,8 @@ def setup(recipe, accelerator, target=None, drafter=None) -> Run:
     drafter.to(device=accelerator.device, dtype=torch.float32)  # fp32 master weights; autocast does bf16/fp16
     rowset = make_rowset(recipe, accelerator, model, drafter, rows, lengths)
     optimizer = make_optimizer(drafter, cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.warmup_steps, cfg.max_steps, cfg.schedule))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.warmup_steps, cfg.max_steps,
+                                                                                 cfg.schedule))
     configure_backend(accelerator, cfg)
     module, optimizer = accelerator.prepare(DraftLoss(drafter), optimizer)
     # the scheduler is saved as JSON by training/checkpoint.py: registered with accelerate it would be pickled
@@ -150,8 +151,8 @@ def training_rows(recipe):
     folders = [recipe.data_dir, *(Path(f) for f in recipe.train.more_data)]
     for folder in folders[1:]:
         if not folder.exists():
-            raise DraftheadsError(f"train.more_data: '{folder}' not found; make it first (`draftheads data RECIPE` of the "
-                                  "recipe whose data.output it is) or drop it from train.more_data")
+            raise DraftheadsError(f"train.more_data: '{folder}' not found; make it first (`draftheads data RECIPE` of "
+                                  "the recipe whose data.output it is) or drop it from train.more_data")
     parts = [B.load_rows(folder) for folder in folders]
     if len(parts) == 1:
         return parts[0]
@@ -179,25 +180,28 @@ def _target_model(recipe, accelerator, target):
         model = target[0] if isinstance(target, (tuple, list)) else target
         return model.to(accelerator.device)
     t = recipe.target
-    model, _ = load_target(t.name, dtype=resolve_dtype(recipe.train.dtype, accelerator.device), device=str(accelerator.device),
-                           revision=t.revision, trust_remote_code=t.trust_remote_code, chat_template=t.chat_template,
-                           attn_implementation=t.attn_implementation)
+    model, _ = load_target(t.name, dtype=resolve_dtype(recipe.train.dtype, accelerator.device),
+                           device=str(accelerator.device), revision=t.revision, trust_remote_code=t.trust_remote_code,
+                           chat_template=t.chat_template, attn_implementation=t.attn_implementation)
     return model
 
 
 def initial_drafter(recipe, model, rows, train_idx):
-    """A new drafter from recipe.head (with a draft vocabulary: the most frequent trained tokens), or head.init_from's."""
+    """A new drafter from recipe.head (with a draft vocabulary: the most frequent trained tokens), or
+    head.init_from's."""
     head = recipe.head
     if head.init_from:
         drafter = load_drafter(head.init_from, model)
         if drafter.config.type != head.type:
-            raise DraftheadsError(f"head.init_from '{head.init_from}' holds a {drafter.config.type} drafter but head.type is {head.type}")
+            raise DraftheadsError(f"head.init_from '{head.init_from}' holds a {drafter.config.type} drafter but "
+                                  f"head.type is {head.type}")
         return drafter
     drafter = bound_drafter(head, model)
     vocab = recipe.derived["vocab_size"]
     if recipe.train.draft_vocab_from:
         if not drafter.vocab.restricted:
-            raise DraftheadsError("train.draft_vocab_from needs a drafter with a draft vocabulary; set head.draft_vocab_size")
+            raise DraftheadsError("train.draft_vocab_from needs a drafter with a draft vocabulary; set "
+                                  "head.draft_vocab_size")
         chosen = read_vocab_mapping(recipe.train.draft_vocab_from, vocab)
         if len(chosen) != drafter.vocab.size:
             raise DraftheadsError(f"train.draft_vocab_from holds {len(chosen)} tokens but head.draft_vocab_size is "
@@ -223,8 +227,10 @@ def make_rowset(recipe, accelerator, model, drafter, rows, lengths) -> B.RowSet:
     cache = build_feature_cache(accelerator, model, B.RowSet(rows, cfg.max_length), lengths, layers, folder,
                                 cfg.feature_dtype, cfg.batch_size, share_folder=not cfg.feature_cache,
                                 keep_earlier=bool(cfg.more_data))
-    if not np.array_equal(cache.lengths, lengths) or cache.dim != model.config.get_text_config().hidden_size * len(layers):
-        raise DraftheadsError(f"feature cache {folder} was built for other data or feature layers; delete it or set train.feature_cache elsewhere")
+    if (not np.array_equal(cache.lengths, lengths)
+            or cache.dim != model.config.get_text_config().hidden_size * len(layers)):
+        raise DraftheadsError(f"feature cache {folder} was built for other data or feature layers; delete it or set "
+                              "train.feature_cache elsewhere")
     return B.RowSet(rows, cfg.max_length, cache)
 
 
@@ -236,7 +242,8 @@ def make_optimizer(drafter, cfg) -> torch.optim.Optimizer:
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
-    """Multiplier of the base LR at optimizer step `step` (0-based): linear warm-up, then cosine/linear/constant to 0."""
+    """Multiplier of the base LR at optimizer step `step` (0-based): linear warm-up, then cosine/linear/constant
+    to 0."""
     if step < warmup:
         return (step + 1) / warmup
     if schedule == "constant":
@@ -270,7 +277,8 @@ def configure_backend(accelerator, cfg) -> None:
     accelerator.gradient_accumulation_steps = cfg.grad_accum
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
     if plugin is not None:
-        plugin.deepspeed_config.update(train_micro_batch_size_per_gpu=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
+        plugin.deepspeed_config.update(train_micro_batch_size_per_gpu=cfg.batch_size,
+                                       gradient_accumulation_steps=cfg.grad_accum,
                                        gradient_clipping=cfg.max_grad_norm or 0.0)
 
 

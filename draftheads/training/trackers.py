@@ -28,7 +28,8 @@ class LogConfig:
 
     def __post_init__(self):
         for t in self.trackers:
-            check(t in PACKAGES, f"log.trackers: unknown tracker '{t}'{suggest(t, PACKAGES)}; use any of {', '.join(PACKAGES)}")
+            check(t in PACKAGES, f"log.trackers: unknown tracker '{t}'{suggest(t, PACKAGES)}; use any of "
+                                 f"{', '.join(PACKAGES)}")
 
 
 def check_trackers(names: list[str]) -> list[str]:
@@ -43,7 +44,8 @@ def check_trackers(names: list[str]) -> list[str]:
 
 
 def prepare_environment(log_cfg, run_dir: Path) -> None:
-    """Environment the tracker packages read at start-up: wandb offline unless configured online, files in the run folder."""
+    """Environment the tracker packages read at start-up: wandb offline unless configured online, files in the run
+    folder."""
     if "wandb" in log_cfg.trackers:
         os.environ["WANDB_MODE"] = log_cfg.wandb_mode
         os.environ.setdefault("WANDB_DIR", str(Path(run_dir).resolve()))

@@ -19,7 +19,8 @@ def test_every_form_parses_and_answers_depth_and_num_nodes():
     assert parse_tree(None) is None and parse_tree(chain) is chain
 
 
-@pytest.mark.parametrize("spec", ["chain:0", "chain:x", "dynamic:1,2", "static:x", "static:[(0,), (1, 1)]", "auto:0", "tree:3", 7])
+@pytest.mark.parametrize("spec", ["chain:0", "chain:x", "dynamic:1,2", "static:x", "static:[(0,), (1, 1)]", "auto:0",
+                                  "tree:3", 7])
 def test_bad_specs_are_one_line_errors_naming_the_forms(spec):
     with pytest.raises(DraftheadsError, match="bad tree") as info:
         parse_tree(spec)
@@ -28,8 +29,8 @@ def test_bad_specs_are_one_line_errors_naming_the_forms(spec):
 
 @pytest.mark.parametrize("spec, what", [
     ("chain:100000", "levels"), (f"chain:{MAX_DEPTH + 1}", "levels"),
-    (f"dynamic:{MAX_TOP_K + 1},4,10", "top_k"), (f"dynamic:4,{MAX_DEPTH + 1},10", "levels"), (f"dynamic:4,4,{MAX_NODES + 1}", "draft nodes"),
-    (f"auto:{MAX_NODES + 1}", "draft nodes"),
+    (f"dynamic:{MAX_TOP_K + 1},4,10", "top_k"), (f"dynamic:4,{MAX_DEPTH + 1},10", "levels"),
+    (f"dynamic:4,4,{MAX_NODES + 1}", "draft nodes"), (f"auto:{MAX_NODES + 1}", "draft nodes"),
     ("static:" + repr([(0,) * (MAX_DEPTH + 1)]), "levels"), (f"static:[(0,), ({MAX_TOP_K},)]", "children per node"),
     ([(i,) for i in range(MAX_NODES + 1)], "draft nodes"),
 ])

@@ -44,7 +44,8 @@ def llama3_expected(tok, users, replies):
 
     ids, mask = [sid(tok, "<|begin_of_text|>")], [0]
     for user, reply in zip(users, replies):
-        head = header("user") + enc(tok, "\n\n" + user) + [sid(tok, "<|eot_id|>")] + header("assistant") + enc(tok, "\n\n")
+        head = (header("user") + enc(tok, "\n\n" + user) + [sid(tok, "<|eot_id|>")] + header("assistant")
+                + enc(tok, "\n\n"))
         ids += head + reply
         mask += [0] * len(head) + [1] * len(reply)
     return ids, mask
@@ -91,7 +92,8 @@ def test_row_equals_the_rendered_conversation(template):
     eot = end_of_turn_id(tok)
     replies = [enc(tok, text) + [eot] for text in REPLY_TEXTS]
     chat = build_row(tok, USERS, replies)
-    messages = [m for u, a in zip(USERS, REPLY_TEXTS) for m in ({"role": "user", "content": u}, {"role": "assistant", "content": a})]
+    messages = [m for u, a in zip(USERS, REPLY_TEXTS) for m in ({"role": "user", "content": u},
+                                                                {"role": "assistant", "content": a})]
     full = render_ids(tok, messages, add_generation_prompt=False)
     assert full[: len(chat.input_ids)] == chat.input_ids
     assert full[len(chat.input_ids):] == ([] if template == "llama3" else enc(tok, "\n"))  # ChatML's trailing newline

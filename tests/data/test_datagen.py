@@ -98,7 +98,8 @@ def test_sampling_is_seeded_and_top_p_near_zero_is_greedy(target):
     model, tok = target
     prompts = [render_ids(tok, [{"role": "user", "content": u}], True) for u in USERS[:4]]
     kw = dict(max_new_tokens=8, stop_ids=[], pad_id=tok.pad_token_id)
-    draw = lambda seed, **k: [o.tokens for o in generate_batch(model, prompts, generator=torch.Generator().manual_seed(seed), **kw, **k)]
+    draw = lambda seed, **k: [o.tokens for o in generate_batch(
+        model, prompts, generator=torch.Generator().manual_seed(seed), **kw, **k)]
     assert draw(1, temperature=1.5) == draw(1, temperature=1.5)
     assert draw(1, temperature=1.5) != draw(2, temperature=1.5)
     greedy = [o.tokens for o in generate_batch(model, prompts, **kw)]
@@ -120,7 +121,8 @@ def test_rows_are_the_targets_own_answers(tmp_path, target, capsys):
         head = render_ids(tok, [{"role": "user", "content": prompts[pid]["turns"][0]}], True)
         assert ids[: len(head)] == head and mask[: len(head)] == [0] * len(head)
         reply = generate_batch(model, [head], max_new_tokens=6, stop_ids=stops, pad_id=tok.pad_token_id)[0].tokens
-        assert ids[len(head): len(head) + len(reply)] == reply and mask[len(head): len(head) + len(reply)] == [1] * len(reply)
+        assert (ids[len(head): len(head) + len(reply)] == reply
+                and mask[len(head): len(head) + len(reply)] == [1] * len(reply))
     meta = json.loads((out / "draftheads_data.json").read_text())
     assert meta["complete"] and meta["recipe_hash"] == datastore.recipe_hash(recipe)
     assert meta["data"]["max_new_tokens"] == 6 and meta["summary"]["rows"] == 9
@@ -136,7 +138,8 @@ def test_multi_turn_rows_replay_each_turn(tmp_path):
     model = make_target("llama", tok)
     prompts = [render_ids(tok, [{"role": "user", "content": u}], True) for u in USERS]
     free, stop = stopping_at(model, tok, prompts, steps=10)
-    model.generation_config.eos_token_id = [stop]  # a random model never says <|im_end|>; make a token it does say end turns
+    # a random model never says <|im_end|>; make a token it does say end turns
+    model.generation_config.eos_token_id = [stop]
     stops = set(stop_token_ids(tok, model.generation_config))
     finishing = [u for u, f in zip(USERS, free) if stop in f.tokens][:2]
     rows = [{"turns": [u, "Now explain it."]} for u in finishing]
@@ -149,7 +152,8 @@ def test_multi_turn_rows_replay_each_turn(tmp_path):
         assert len(spans) == 2
         first_end = next(i for i in range(spans[0], len(mask)) if mask[i] == 0)
         assert ids[first_end - 1] == stop
-        assert tok.decode(ids[first_end: spans[1]]) == "\n<|im_start|>user\nNow explain it.<|im_end|>\n<|im_start|>assistant\n"
+        assert (tok.decode(ids[first_end: spans[1]])
+                == "\n<|im_start|>user\nNow explain it.<|im_end|>\n<|im_start|>assistant\n")
         again = generate_batch(model, [ids[: spans[1]]], max_new_tokens=10, stop_ids=stops, pad_id=tok.pad_token_id)
         assert ids[spans[1]:] == again[0].tokens
 
@@ -206,7 +210,8 @@ def test_half_written_shard_is_discarded(tmp_path, target, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         datagen.run_data(recipe, target=target)
     monkeypatch.undo()
-    assert list((tmp_path / "out" / "shards").glob(".tmp-*")) and not list((tmp_path / "out" / "shards").glob("shard_*"))
+    assert (list((tmp_path / "out" / "shards").glob(".tmp-*"))
+            and not list((tmp_path / "out" / "shards").glob("shard_*")))
     assert load(datagen.run_data(recipe, target=target)) == reference
     assert not (tmp_path / "out" / "shards").exists()
 
@@ -259,7 +264,8 @@ def test_split_across_processes_then_merged(tmp_path, target):
         chats, _ = datagen.plan_chats(prompts, tok, recipe.data)
         shards = datastore.split_shards(chats, recipe.data.shard_size)
         datagen.generate_shards(recipe.data_dir, shards, backend, recipe.data, procs)
-        assert [datastore.shard_done(recipe.data_dir, i) for i in range(len(shards))] == [i % 2 <= index for i in range(len(shards))]
+        assert ([datastore.shard_done(recipe.data_dir, i) for i in range(len(shards))]
+                == [i % 2 <= index for i in range(len(shards))])
     datastore.merge(recipe.data_dir, len(shards), recipe, skipped, len(prompts))
     assert load(recipe.data_dir) == reference
 
@@ -359,30 +365,37 @@ def test_foreign_folder_is_refused_even_with_overwrite(tmp_path, target):
 
 
 def test_too_long_prompts_are_skipped_and_counted(tmp_path, target, capsys):
-    rows = [{"prompt": "Write a function that returns the sum of a list of numbers. " * 12}, {"prompt": "def add(a, b):"}]
+    rows = [{"prompt": "Write a function that returns the sum of a list of numbers. " * 12},
+            {"prompt": "def add(a, b):"}]
     out = datagen.run_data(make_recipe(tmp_path / "out", prompt_file(tmp_path, rows), num_prompts=2), target=target)
     assert len(load(out)["prompt_id"]) == 1
-    assert json.loads((out / "draftheads_data.json").read_text())["summary"]["dropped"]["prompt longer than max_length"] == 1
+    assert (json.loads((out / "draftheads_data.json").read_text())["summary"]["dropped"]
+            ["prompt longer than max_length"] == 1)
     assert "1 prompt longer than max_length" in capsys.readouterr().out
 
 
 def test_too_long_prompts_are_truncated_when_asked(tmp_path, target):
     rows = [{"prompt": "Write a function that returns the sum of a list of numbers. " * 12}]
-    out = datagen.run_data(make_recipe(tmp_path / "out", prompt_file(tmp_path, rows), num_prompts=1, truncate=True), target=target)
+    out = datagen.run_data(make_recipe(tmp_path / "out", prompt_file(tmp_path, rows), num_prompts=1, truncate=True),
+                           target=target)
     ids = load(out)["input_ids"][0]
     assert len(ids) <= 64
-    assert json.loads((out / "draftheads_data.json").read_text())["summary"]["dropped"]["prompts truncated to fit max_length (kept)"] == 1
+    assert (json.loads((out / "draftheads_data.json").read_text())["summary"]["dropped"]
+            ["prompts truncated to fit max_length (kept)"] == 1)
 
 
 def test_rows_without_user_turn_are_counted(tmp_path, target):
-    rows = [{"messages": [{"role": "assistant", "content": "hi"}]}, {"messages": [{"role": "user", "content": "Hello there"}]}]
+    rows = [{"messages": [{"role": "assistant", "content": "hi"}]},
+            {"messages": [{"role": "user", "content": "Hello there"}]}]
     out = datagen.run_data(make_recipe(tmp_path / "out", prompt_file(tmp_path, rows), num_prompts=2), target=target)
     dropped = json.loads((out / "draftheads_data.json").read_text())["summary"]["dropped"]
-    assert dropped == {f"{tmp_path / 'prompts.jsonl'}: row with no user turn": 1} | {k: v for k, v in dropped.items() if "cut" in k}
+    assert dropped == ({f"{tmp_path / 'prompts.jsonl'}: row with no user turn": 1}
+                       | {k: v for k, v in dropped.items() if "cut" in k})
     assert len(load(out)["prompt_id"]) == 1
 
 
-@pytest.mark.parametrize("rows,match", [([], "is empty"), ([{"question": "q", "answer": "a"}], "cannot tell the chat format")])
+@pytest.mark.parametrize("rows,match", [([], "is empty"),
+                                        ([{"question": "q", "answer": "a"}], "cannot tell the chat format")])
 def test_bad_sources_fail_before_generating(tmp_path, target, rows, match):
     path = tmp_path / "prompts.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -411,7 +424,8 @@ def test_dry_run_prints_three_bracketed_examples_and_writes_nothing(tmp_path, ta
     recipe = make_recipe(tmp_path / "out", prompt_file(tmp_path))
     datagen.run_data(recipe, target=target, dry_run=True)
     printed = capsys.readouterr().out
-    assert printed.count("--- example") == 3 and "[<|im_start|>user\n" in printed and "<|im_start|>assistant\n]" in printed
+    assert (printed.count("--- example") == 3 and "[<|im_start|>user\n" in printed
+            and "<|im_start|>assistant\n]" in printed)
     assert not recipe.data_dir.exists()
 
 

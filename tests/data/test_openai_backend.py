@@ -107,13 +107,15 @@ def trained_text(tok, ids, mask):
 def test_single_turn_rows_match_the_local_backend(tmp_path, target):
     """Same prompts, greedy: the server's answers, re-tokenized, carry the same text as local generation."""
     model, tok = target
-    rows = [{"prompt": u} for u in ["def add(a, b):", "Hello! How can I help you today?", "class Stack:", "for i in range(10):"]]
+    rows = [{"prompt": u} for u in ["def add(a, b):", "Hello! How can I help you today?", "class Stack:",
+                                    "for i in range(10):"]]
     source = prompt_file(tmp_path, rows)
     local = load(datagen.run_data(make_recipe(tmp_path / "local", source, num_prompts=4), target=target))
     with TinyServer(model, tok) as server:
         remote = load(datagen.run_data(openai_recipe(tmp_path, server.url, source, num_prompts=4), target=target))
     assert remote["prompt_id"] == local["prompt_id"]
-    for a_ids, a_mask, b_ids, b_mask in zip(local["input_ids"], local["loss_mask"], remote["input_ids"], remote["loss_mask"]):
+    for a_ids, a_mask, b_ids, b_mask in zip(local["input_ids"], local["loss_mask"], remote["input_ids"],
+                                            remote["loss_mask"]):
         head = a_mask.index(1)
         assert b_ids[:head] == a_ids[:head] and b_mask[:head] == [0] * head  # the same rendered prompt
         assert trained_text(tok, a_ids, a_mask) == trained_text(tok, b_ids, b_mask)
@@ -126,9 +128,10 @@ def test_multi_turn_rows_are_built_from_the_server_replies(tmp_path, target):
     free = generate_batch(model, [prompt], max_new_tokens=8, stop_ids=[], pad_id=tok.pad_token_id)[0]
     source = prompt_file(tmp_path, [{"turns": ["def add(a, b):", "Now explain it."]}])
     with TinyServer(model, tok) as server:
-        server.stops = sorted(set(server.stops) | {free.tokens[3]})  # a random model never says <|im_end|>: end turn 1 early
-        out = datagen.run_data(openai_recipe(tmp_path, server.url, source, num_prompts=1, max_new_tokens=8, max_length=200),
-                               target=target)
+        # a random model never says <|im_end|>: end turn 1 early
+        server.stops = sorted(set(server.stops) | {free.tokens[3]})
+        out = datagen.run_data(openai_recipe(tmp_path, server.url, source, num_prompts=1, max_new_tokens=8,
+                                             max_length=200), target=target)
         replies = list(server.replies)
     assert [r[0][-1]["content"] for r in replies] == ["def add(a, b):", "Now explain it."]
     assert replies[0][2] == "stop" and replies[1][0][1] == {"role": "assistant", "content": replies[0][1]}
@@ -192,7 +195,8 @@ def test_self_prompts_through_completions(tmp_path, target):
     assert len({b["seed"] for b in sent}) == 3
     with TinyServer(model, tok) as server:
         data.openai_url = server.url
-        led = openai_backend.OpenAIBackend(tok, data, model="tiny").write(2, max_tokens=5, temperature=1.0, seed=0, lead="Write a")
+        led = openai_backend.OpenAIBackend(tok, data, model="tiny").write(2, max_tokens=5, temperature=1.0, seed=0,
+                                                                          lead="Write a")
         assert all(body["prompt"] == "<|im_start|>user\nWrite a" for _, body in server.requests)
     assert all(text.startswith("Write a") for text, _ in led)
 
@@ -201,7 +205,7 @@ def test_chat_template_kwargs_reach_the_server_with_every_request(tmp_path, targ
     model, tok = target
     source = prompt_file(tmp_path, [{"prompt": "def add(a, b):"}, {"prompt": "class Stack:"}])
     with TinyServer(model, tok) as server:
-        datagen.run_data(openai_recipe(tmp_path, server.url, source, num_prompts=2, chat_template_kwargs={"enable_thinking": False}),
-                         target=target)
+        datagen.run_data(openai_recipe(tmp_path, server.url, source, num_prompts=2,
+                                       chat_template_kwargs={"enable_thinking": False}), target=target)
         chats = [body for path, body in server.requests if path.endswith("/chat/completions")]
     assert len(chats) == 2 and all(body["chat_template_kwargs"] == {"enable_thinking": False} for body in chats)

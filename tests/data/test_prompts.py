@@ -10,7 +10,14 @@ from draftheads.data.datagen import DataConfig
 from draftheads.data.prompt_source import Prompt, PromptSource
 from draftheads.data.prompt_tables import detect_format, row_to_prompt
 from draftheads.data.prompts import collect_prompts, load_source, read_prompts, save_prompts
-from draftheads.data.self_prompts import check_self_prompt, fill_quotas, is_degenerate, quotas, self_prompts, trim_unfinished
+from draftheads.data.self_prompts import (
+    check_self_prompt,
+    fill_quotas,
+    is_degenerate,
+    quotas,
+    self_prompts,
+    trim_unfinished,
+)
 
 ROWS = {
     "sharegpt": {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"},
@@ -42,8 +49,10 @@ def test_formats_are_detected_and_keep_only_user_turns(kind):
 
 
 def test_a_rows_task_kind_is_kept():
-    """A local prompt file may say each row's kind (as the bundled 'tasks' set does): eval breaks its report down by it."""
-    assert row_to_prompt({"kind": "translation", "turns": ["Translate into French: hello"]}, "turns").kind == "translation"
+    """A local prompt file may say each row's kind (as the bundled 'tasks' set does): eval breaks its report down by
+    it."""
+    assert row_to_prompt({"kind": "translation", "turns": ["Translate into French: hello"]},
+                         "turns").kind == "translation"
     assert row_to_prompt({"prompt": "Hi", "kind": 3}, "prompt").kind == ""
 
 
@@ -79,7 +88,8 @@ def write_rows(path, rows):
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".json", ".parquet", ".csv"])
 def test_local_files_are_auto_detected(tmp_path, suffix):
-    rows = [{"instruction": f"Task {i}", "input": "", "output": "x"} for i in range(5)] + [{"instruction": "", "input": "", "output": "y"}]
+    rows = ([{"instruction": f"Task {i}", "input": "", "output": "x"} for i in range(5)]
+            + [{"instruction": "", "input": "", "output": "y"}])
     path = write_rows(tmp_path / f"data{suffix}", rows)
     skipped = collections.Counter()
     prompts = load_source(PromptSource(source=str(path)), skipped)
@@ -89,7 +99,8 @@ def test_local_files_are_auto_detected(tmp_path, suffix):
 
 
 def test_multi_turn_jsonl_and_column_mapping(tmp_path):
-    rows = [{"dialog": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]}]
+    rows = [{"dialog": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                        {"role": "user", "content": "c"}]}]
     path = write_rows(tmp_path / "chats.jsonl", rows)
     prompts = load_source(PromptSource(source=str(path), columns={"messages": "dialog"}))
     assert prompts[0].turns == ["a", "c"]
@@ -155,7 +166,8 @@ def test_long_set_cycles_through_the_passage_kinds_at_long_context_lengths_and_i
     prompts = load_source(PromptSource(source="long"))
     kinds = collections.Counter(p.kind for p in prompts)
     assert set(kinds) == {"summarization", "extraction", "qa", "retrieval"} and min(kinds.values()) >= 5
-    assert [p.kind for p in load_source(PromptSource(source="long", limit=4))] == ["summarization", "extraction", "qa", "retrieval"]
+    assert ([p.kind for p in load_source(PromptSource(source="long", limit=4))]
+            == ["summarization", "extraction", "qa", "retrieval"])
     assert min(len(p.turns[0]) for p in prompts) > 500                               # an article each
     assert min(len(p.turns[0]) for p in prompts if p.kind == "retrieval") > 5000    # four articles
     assert len({tuple(p.turns) for p in prompts}) == len(prompts)
@@ -174,7 +186,8 @@ def test_quotas_follow_weights_and_availability():
 def test_collect_mixes_by_weight_with_a_fixed_order(tmp_path):
     a = write_rows(tmp_path / "a.jsonl", [{"prompt": f"a{i}"} for i in range(100)])
     b = write_rows(tmp_path / "b.jsonl", [{"prompt": f"b{i}"} for i in range(100)])
-    data = DataConfig(prompts=[PromptSource(source=str(a), weight=3), PromptSource(source=str(b), weight=1)], num_prompts=40)
+    data = DataConfig(prompts=[PromptSource(source=str(a), weight=3), PromptSource(source=str(b), weight=1)],
+                      num_prompts=40)
     prompts, _ = collect_prompts(data)
     counts = collections.Counter(p.turns[0][0] for p in prompts)
     assert counts == {"a": 30, "b": 10} and len({p.turns[0] for p in prompts}) == 40
@@ -216,9 +229,11 @@ def test_unfinished_prompts_are_cut_back_to_their_last_sentence(text, kept):
 
 
 def test_self_prompts_keep_the_full_sentences_of_unfinished_prompts():
-    write = lambda n, *_: [(f"Write a function number {i} that sums a list. For example, given", False) for i in range(n)]
+    write = lambda n, *_: [(f"Write a function number {i} that sums a list. For example, given", False)
+                           for i in range(n)]
     prompts = self_prompts(write, 2, PromptSource(source="self"), 0, collections.Counter())
-    assert [p.turns[0] for p in prompts] == ["Write a function number 0 that sums a list.", "Write a function number 1 that sums a list."]
+    assert [p.turns[0] for p in prompts] == ["Write a function number 0 that sums a list.",
+                                             "Write a function number 1 that sums a list."]
 
 
 def test_is_degenerate_leaves_normal_text_alone():
@@ -240,7 +255,8 @@ def test_self_prompts_dedupe_filter_and_count():
     prompts = self_prompts(write, 3, src, seed=5, skipped=skipped)
     assert [p.turns[0] for p in prompts] == ["How do I sort a list in Python?", "Explain recursion with an example.",
                                              "What is a closure in JavaScript?"]
-    assert skipped["self: duplicate"] >= 2 and skipped["self: empty"] == 1 and skipped["self: unfinished (hit max_tokens)"] == 1
+    assert (skipped["self: duplicate"] >= 2 and skipped["self: empty"] == 1
+            and skipped["self: unfinished (hit max_tokens)"] == 1)
     assert calls[0][1:3] == (64, 0.9) and calls[0][3] != calls[1][3]  # a fresh seed each round
 
 
@@ -280,7 +296,8 @@ def test_self_prompts_pass_their_lead_to_the_writer():
 
     src = PromptSource(source="self", starts_with="Write a Python function")
     prompts = self_prompts(write, 3, src, 0, collections.Counter())
-    assert calls == ["Write a Python function"] and all(p.turns[0].startswith("Write a Python function") for p in prompts)
+    assert calls == ["Write a Python function"] and all(p.turns[0].startswith("Write a Python function")
+                                                        for p in prompts)
 
 
 @pytest.mark.parametrize("kwargs, message", [

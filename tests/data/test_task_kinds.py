@@ -65,7 +65,8 @@ def test_the_general_mixture_writes_every_kind_by_weight():
     assert sum(t.startswith(INTO_ENGLISH) and "Le sujet" in t for t in translations) == 2   # into English: half
     summary = by_kind["summarization"].turns[0]
     assert "The river town grew around a mill" in summary and len(summary.split()) > 80
-    assert re.search(r"Question: What did the town build|based on the text above, what did", by_kind["qa"].turns[0], re.I)
+    assert re.search(r"Question: What did the town build|based on the text above, what did", by_kind["qa"].turns[0],
+                     re.I)
     docs = re.findall(r"Document \d:\n", by_kind["retrieval"].turns[0])
     assert len(docs) == 4 and "What did the town build" in by_kind["retrieval"].turns[0]
     multi = by_kind["multi-turn"].turns
@@ -106,7 +107,8 @@ def test_passages_are_written_at_passage_tokens_and_unusable_ones_redrawn():
     def reply(messages, max_tokens, temperature, seed):
         calls.append(max_tokens)
         if len(calls) == 1:   # the first round of articles: too short, looping, cut mid-word
-            return [("Too short.", True), ("the same six words again " * 20, True), ("A cut article with no end", False)] \
+            return [("Too short.", True), ("the same six words again " * 20, True),
+                    ("A cut article with no end", False)] \
                 + real_reply(messages[3:], max_tokens, temperature, seed)
         return real_reply(messages, max_tokens, temperature, seed)
 
@@ -157,7 +159,8 @@ def test_a_recipe_without_kinds_keeps_its_data_folders_identity():
 
     recipe = load_recipe("eagle-smollm2")
     data = to_dict(recipe.data)
-    before = {**data, "prompts": [{k: v for k, v in src.items() if k not in ("kinds", "passage_tokens")} for src in data["prompts"]]}
+    before = {**data, "prompts": [{k: v for k, v in src.items() if k not in ("kinds", "passage_tokens")}
+                                  for src in data["prompts"]]}
     assert settings_hash(to_dict(recipe.target), before) == recipe_hash(recipe)
     changed = {**data, "prompts": [{**src, "passage_tokens": 300} for src in data["prompts"]]}
     assert settings_hash(to_dict(recipe.target), changed) != recipe_hash(recipe)

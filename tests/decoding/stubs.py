@@ -23,7 +23,8 @@ class RandomDrafter:
     """Uniformly random drafts (a deliberately useless drafter). With `sampled=True` and a temperature,
     children are drawn without replacement from a fixed random distribution q, returned in Proposal.q."""
 
-    def __init__(self, vocab: int, seed: int = 0, sampled: bool = False, tree: Tree | None = None, feature_layers=(-1,)):
+    def __init__(self, vocab: int, seed: int = 0, sampled: bool = False, tree: Tree | None = None,
+                 feature_layers=(-1,)):
         self.vocab, self.seed, self.sampled = vocab, seed, sampled
         self.tree = tree or Tree.chain(3)
         self.feature_layers = tuple(feature_layers)
@@ -100,7 +101,8 @@ class OracleDrafter:
         if self.noise:
             flip = torch.rand(tokens.shape, generator=self.generator) < self.noise
             flip[:, 0] = False
-            tokens = torch.where(flip, torch.randint(self.target.config.vocab_size, tokens.shape, generator=self.generator), tokens)
+            tokens = torch.where(flip, torch.randint(self.target.config.vocab_size, tokens.shape,
+                                                     generator=self.generator), tokens)
         return Proposal(tree, tokens)
 
 

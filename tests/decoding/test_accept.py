@@ -38,7 +38,8 @@ def test_greedy_walks_the_argmax_branch():
     p[0, 2] = peaked([5] * 6)[0, 0]
     p[0, 4] = peaked([0] * 6)[0, 0]
     result = accept_greedy(TREE, tokens, p)
-    assert result.path.tolist() == [[0, 2, 4, -1]] and result.num_accepted.tolist() == [2] and result.next_token.tolist() == [0]
+    assert (result.path.tolist() == [[0, 2, 4, -1]] and result.num_accepted.tolist() == [2]
+            and result.next_token.tolist() == [0])
 
 
 def test_typical_uniform_target_accepts_everything():

@@ -33,7 +33,8 @@ KINDS = {
     "lookup": lambda model: PromptLookupDrafter(),
     "combined": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model)),
     "switch": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model), switch=True),
-    "gate": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model), gate=LearnedGate(GateCosts(0.3, 0.3))),
+    "gate": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model),
+                                          gate=LearnedGate(GateCosts(0.3, 0.3))),
 }
 TREES = {"chain": "chain:3", "static": STATIC, "dynamic": "dynamic:3,3,8"}
 STATIC_ONLY = {"medusa", "lookup"}
@@ -72,7 +73,8 @@ def test_every_rows_cache_equals_a_fresh_prefill_after_every_step(family, rule, 
     model = target(family)
     drafters = OracleDrafter(model, int(PROMPTS[0][0]), noise=0.4, seed=2, tree=Tree.from_paths(STATIC))
     settings = decode_settings(model, rule, temperature, 0, 1.0, 24, [], 0.09, 0.3)
-    decoder = Decoder(model, drafters, Tree.from_paths(STATIC), settings, [torch.Generator().manual_seed(s) for s in range(3)])
+    decoder = Decoder(model, drafters, Tree.from_paths(STATIC), settings,
+                      [torch.Generator().manual_seed(s) for s in range(3)])
     decoder.start(PROMPTS)
     accepted_differently = False
     while not decoder.done:
@@ -92,7 +94,8 @@ def test_every_rows_cache_equals_a_fresh_prefill_after_every_step(family, rule, 
 def test_rows_finish_on_their_own_and_leave_the_batch():
     model = target("llama")
     # a token some row first emits late: that row stops there, rows without it run to the budget
-    i, k = next((i, k) for k in range(20, 1, -1) for i in range(3) if alone("llama", i)[k - 1] not in alone("llama", i)[: k - 1])
+    i, k = next((i, k) for k in range(20, 1, -1) for i in range(3)
+                if alone("llama", i)[k - 1] not in alone("llama", i)[: k - 1])
     k, stop = k - 1, alone("llama", i)[k - 1]
     out = speculative_generate(model, RandomDrafter(model.config.vocab_size, tree=Tree.chain(3)), PROMPTS, 20,
                                eos_token_id=[stop])
@@ -120,8 +123,8 @@ def test_strict_rows_of_a_batch_are_independent_draws_of_the_target():
     counts, accepted = torch.zeros(16 * 16), 0
     for batch in range(12):
         seeds = list(range(batch * 100, (batch + 1) * 100))
-        out = speculative_generate(model, drafter, [prompt] * 100, 2, accept="strict", temperature=0.8, top_k=6, top_p=0.9,
-                                   seed=seeds, eos_token_id=[])
+        out = speculative_generate(model, drafter, [prompt] * 100, 2, accept="strict", temperature=0.8, top_k=6,
+                                   top_p=0.9, seed=seeds, eos_token_id=[])
         for row in out.rows:
             counts[row[0] * 16 + row[1]] += 1
         accepted += sum(out.stats.step_accepted)

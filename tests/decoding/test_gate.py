@@ -94,7 +94,8 @@ def timed_steps(steps: list[tuple[int, float, float]]) -> GenerationStats:
 def test_gate_costs_from_timed_steps_are_median_steps_with_over_without_the_learned_tree():
     lookup = timed_steps([(1, 0.0, 1.0), (1, 0.0, 1.2), (1, 0.0, 9.0), (7, 0.0, 1.5), (5, 0.0, 1.5)])
     combined = timed_steps([(4, 0.2, 1.3), (4, 0.3, 1.5), (4, 0.2, 1.6), (9, 0.2, 1.9), (10, 0.3, 2.1)])
-    costs = measured_costs(lookup, combined, learned_nodes=4, fallback=lambda: pytest.fail("both situations were timed: no estimate needed"))
+    costs = measured_costs(lookup, combined, learned_nodes=4,
+                           fallback=lambda: pytest.fail("both situations were timed: no estimate needed"))
     assert costs.without_chain == pytest.approx(1.8 / 1.2 - 1)            # medians: 1.8 over 1.2 (9.0: an outlier)
     assert costs.with_chain == pytest.approx(2.4 / 1.5 - 1)               # the upper median of 2.1 and 2.4
     unseen = measured_costs(timed_steps([(1, 0.0, 1.0)]), combined, 4, fallback=lambda: GateCosts(5.0, 0.7))

@@ -23,27 +23,30 @@ def oracle(noise=0.3, tree=TREE):
 
 
 def test_public_api_delegates_here():
-    out = draftheads.speculative_generate(target("llama"), oracle(), prompt_ids()[0], max_new_tokens=12, eos_token_id=[])
+    out = draftheads.speculative_generate(target("llama"), oracle(), prompt_ids()[0], max_new_tokens=12,
+                                          eos_token_id=[])
     assert out.tokens.shape == (1, 12) and out.tokens.dtype == torch.long
     assert out.tokens.tolist() == plain("llama", "sdpa", 40).tokens[:, :12].tolist()
 
 
 @pytest.mark.parametrize("rule", ["strict", "typical"])
 def test_sampling_rules_at_temperature_zero_reproduce_plain_greedy(rule):
-    out = speculative_generate(target("llama"), oracle(), prompt_ids(), 30, accept=rule, temperature=0.0, eos_token_id=[])
+    out = speculative_generate(target("llama"), oracle(), prompt_ids(), 30, accept=rule, temperature=0.0,
+                               eos_token_id=[])
     assert out.tokens.tolist() == plain("llama", "sdpa", 40).tokens[:, :30].tolist()
 
 
 @pytest.mark.parametrize("rule", ["strict", "typical"])
 def test_same_seed_same_tokens(rule):
     kw = dict(accept=rule, temperature=1.0, top_p=0.95, eos_token_id=[])
-    runs = [speculative_generate(target("llama"), RandomDrafter(384, sampled=True, tree=TREE), prompt_ids(), 20, seed=s, **kw)
-            for s in (1, 1, 2)]
+    runs = [speculative_generate(target("llama"), RandomDrafter(384, sampled=True, tree=TREE), prompt_ids(), 20,
+                                 seed=s, **kw) for s in (1, 1, 2)]
     assert runs[0].tokens.tolist() == runs[1].tokens.tolist() != runs[2].tokens.tolist()
 
 
 def test_dynamic_tree_specs_reach_the_drafter_and_its_tree_is_verified():
-    out = speculative_generate(target("llama"), oracle(0.0, tree=None), prompt_ids(), 20, tree="dynamic:2,3,6", eos_token_id=[])
+    out = speculative_generate(target("llama"), oracle(0.0, tree=None), prompt_ids(), 20, tree="dynamic:2,3,6",
+                               eos_token_id=[])
     assert out.tokens.tolist() == plain("llama", "sdpa", 40).tokens[:, :20].tolist()
     assert set(out.stats.step_nodes) == {7} and len(out.stats.drafted) == 3
 
@@ -111,9 +114,12 @@ def test_bad_api_inputs_are_one_line_errors():
     cases = [
         (dict(input_ids=[[1, 2, vocab]]), f"token id {vocab}, outside the target's vocabulary"),
         (dict(input_ids=[[1, -3, 2]]), "token id -3"),
-        (dict(input_ids=[[1, 2, 3]], accept="strict", temperature=float("nan")), "temperature nan is not a finite number"),
-        (dict(input_ids=[[1, 2, 3]], drafter=draftheads.build_drafter("medusa", other)), "built for a target with hidden size 32"),
-        (dict(input_ids=[[1, 2, 3]], drafter=draftheads.build_drafter("eagle", other)), "built for a target with hidden size 32"),
+        (dict(input_ids=[[1, 2, 3]], accept="strict", temperature=float("nan")),
+         "temperature nan is not a finite number"),
+        (dict(input_ids=[[1, 2, 3]], drafter=draftheads.build_drafter("medusa", other)),
+         "built for a target with hidden size 32"),
+        (dict(input_ids=[[1, 2, 3]], drafter=draftheads.build_drafter("eagle", other)),
+         "built for a target with hidden size 32"),
     ]
     for kwargs, message in cases:
         kwargs.setdefault("drafter", None)

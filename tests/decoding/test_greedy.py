@@ -14,7 +14,8 @@ from draftheads.decoding.lookup import PromptLookupDrafter
 from tests.decoding.stubs import OracleDrafter, RandomDrafter
 from tests.fixtures import FAMILIES, make_target, make_tokenizer
 
-TREES = {"chain": Tree.chain(4), "tree": Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)])}
+TREES = {"chain": Tree.chain(4),
+         "tree": Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)])}
 PROMPT = "for i in range(10):\n    print(i * i)\nfor i in range(10):\n"
 
 
@@ -68,8 +69,8 @@ def test_plain_loop_matches_transformers_generate():
 @pytest.mark.parametrize("max_new", [1, 2, 5, 13])
 def test_stops_at_max_new_tokens_like_plain(max_new):
     model = target("qwen2")
-    out = speculative_generate(model, OracleDrafter(model, int(prompt_ids()[0, 0]), tree=TREES["tree"]), prompt_ids(), max_new,
-                               eos_token_id=[])
+    out = speculative_generate(model, OracleDrafter(model, int(prompt_ids()[0, 0]), tree=TREES["tree"]), prompt_ids(),
+                               max_new, eos_token_id=[])
     assert out.tokens.tolist() == plain("qwen2", "sdpa", 40).tokens[:, :max_new].tolist()
 
 

@@ -30,7 +30,8 @@ P_MIN = 1e-4   # per-check p-value threshold; every check is deterministic (fixe
 
 def wide_tree(width: int) -> Tree:
     """`width` children at the root and under its first child, a grandchild chain, and a second branch."""
-    return Tree.from_paths([(i,) for i in range(width)] + [(0, i) for i in range(width)] + [(1, 0), (0, 0, 0), (0, 1, 0)])
+    return Tree.from_paths([(i,) for i in range(width)] + [(0, i) for i in range(width)]
+                           + [(1, 0), (0, 0, 0), (0, 1, 0)])
 
 
 # ---- exact enumeration --------------------------------------------------------------------------
@@ -421,6 +422,7 @@ def test_a_proposal_with_siblings_drawn_with_replacement_is_refused():
 
     model, prompt = small_target(), torch.tensor([[2, 5, 7, 3, 9]])
     drafter = WithReplacement(16, sampled=True, tree=Tree.from_paths([(0,), (1,), (0, 0)]))
-    with pytest.raises(DraftheadsError, match=r"WithReplacement.propose drew token \d+ twice among the children of node 0"):
+    with pytest.raises(DraftheadsError,
+                       match=r"WithReplacement.propose drew token \d+ twice among the children of node 0"):
         speculative_generate(model, drafter, prompt, 4, accept="strict", temperature=1.0, eos_token_id=[])
     speculative_generate(model, drafter, prompt, 4, accept="greedy", eos_token_id=[])   # top-k children: q is None

@@ -47,7 +47,8 @@ def test_tree_logits_equal_path_forwards_and_cache_compacts(family, attn):
         ids = torch.cat([prompt, tokens[:, TREE.ancestors(node)]], 1)
         logits, hidden, _ = plain_forward(model, ids)
         torch.testing.assert_close(out.logits[:, node], logits[:, -1], atol=ATOL, rtol=0)
-        torch.testing.assert_close(out.features[:, node], torch.cat([hidden[1][:, -1], hidden[-1][:, -1]], -1), atol=ATOL, rtol=0)
+        torch.testing.assert_close(out.features[:, node], torch.cat([hidden[1][:, -1], hidden[-1][:, -1]], -1),
+                                   atol=ATOL, rtol=0)
     path = torch.tensor(TREE.ancestors(TREE.num_nodes - 1))   # root -> deepest node
     compact_cache(cache, TREE.num_nodes, path)
     assert_same_cache(cache, plain_forward(model, torch.cat([prompt, tokens[:, path]], 1))[2])

@@ -46,9 +46,9 @@ def trained(tmp_path_factory):
     overrides = [f"data.output={where / 'data'}", f"train.output_dir={where / 'run'}", "data.num_prompts=4",
                  f"data.prompts=[{{source: {prompts}}}]", "data.max_new_tokens=64", "data.batch_size=4",
                  "data.shard_size=4", "train.max_steps=60", "train.batch_size=4", "train.max_length=192",
-                 "train.time_budget_minutes=null", "train.eval_every=60", "train.save_every=60", "train.eval_fraction=0",
-                 "train.warmup_steps=5", "train.lr=3e-3", "train.dtype=fp32", "log.trackers=[]",
-                 "head.draft_vocab_size=2048", "head.ttt_steps=2"]
+                 "train.time_budget_minutes=null", "train.eval_every=60", "train.save_every=60",
+                 "train.eval_fraction=0", "train.warmup_steps=5", "train.lr=3e-3", "train.dtype=fp32",
+                 "log.trackers=[]", "head.draft_vocab_size=2048", "head.ttt_steps=2"]
     recipe = load_recipe("eagle3-smollm2", overrides)
     run_data(recipe, target=target)
     run_training(recipe, target=target)

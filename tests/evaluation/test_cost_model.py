@@ -90,8 +90,8 @@ def test_rules_at_temperature_zero_are_the_greedy_rule():
     prompt, drafter = torch.tensor([[2, 5, 7, 3, 9]]), RandomDrafter(model.config.vocab_size, tree=Tree.chain(2))
     greedy = speculative_generate(model, drafter, prompt, 8, accept="greedy", eos_token_id=[])
     for rule in ("strict", "typical"):
-        assert speculative_generate(model, drafter, prompt, 8, accept=rule, temperature=0.0, eos_token_id=[]).tokens.tolist() \
-            == greedy.tokens.tolist()
+        assert speculative_generate(model, drafter, prompt, 8, accept=rule, temperature=0.0,
+                                    eos_token_id=[]).tokens.tolist() == greedy.tokens.tolist()
 
 
 def test_profiles_are_measured_once_and_cached(monkeypatch, tmp_path):

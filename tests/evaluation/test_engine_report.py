@@ -16,7 +16,8 @@ def side(*replies: tuple) -> Side:
     out = Side()
     for tokens, seconds, drafted, accepted in (r + (0, 0) if len(r) == 2 else r for r in replies):
         out.tokens += tokens
-        out.replies.append(Reply(tokens, prompt_s=0.1, decode_s=seconds - 0.1, prompt_tokens=20, drafted=drafted, accepted=accepted))
+        out.replies.append(Reply(tokens, prompt_s=0.1, decode_s=seconds - 0.1, prompt_tokens=20, drafted=drafted,
+                                 accepted=accepted))
     return out
 
 

@@ -80,12 +80,14 @@ def test_every_batch_size_sees_every_prompt_once_with_the_seeds_of_batch_size_on
     for size, at_size in found.items():
         assert len(at_size.plain[0.0]) == len(at_size.spec[("random", RunConfig("greedy", 0.0))]) == 5
         # fp32 greedy: the same text at every batch size
-        assert [o.tokens for o in at_size.spec[("random", RunConfig("greedy", 0.0))]] == [o.tokens for o in found[1].plain[0.0]]
+        assert ([o.tokens for o in at_size.spec[("random", RunConfig("greedy", 0.0))]]
+                == [o.tokens for o in found[1].plain[0.0]])
 
 
 def curve_rows(speedups: dict[int, float | None]) -> list[dict]:
     return [{"drafter": "d", "rule": "greedy", "temperature": 0.0, "tree": "chain:3", "batch_size": b, "speedup": s,
-             "tau": 2.0, "tokens_per_s_plain": 10.0 * b, "tokens_per_s_spec": 10.0 * b * (s or 0)} for b, s in speedups.items()]
+             "tau": 2.0, "tokens_per_s_plain": 10.0 * b, "tokens_per_s_spec": 10.0 * b * (s or 0)}
+            for b, s in speedups.items()]
 
 
 @pytest.mark.parametrize("speedups,stops", [
@@ -106,7 +108,8 @@ def test_stops_paying_at_is_the_smallest_batch_size_below_one(speedups, stops):
 
 def test_run_eval_reports_the_speedup_vs_batch_curve(eagle_run, tmp_path, capsys):
     folder, prompts = eagle_run
-    out = run_eval([str(folder)], EvalConfig(prompts=str(prompts), accept=["greedy"], tree="chain:2", max_new_tokens=6, batch_sizes=[2, 1]),
+    out = run_eval([str(folder)], EvalConfig(prompts=str(prompts), accept=["greedy"], tree="chain:2", max_new_tokens=6,
+                                             batch_sizes=[2, 1]),
                    target_model=fixture(), out=str(tmp_path / "eval"), progress=False)
     report = json.loads((out / "report.json").read_text())
     rows = report["results"]
@@ -118,7 +121,8 @@ def test_run_eval_reports_the_speedup_vs_batch_curve(eagle_run, tmp_path, capsys
     assert sorted(report["plain"]) == ["B=1 greedy", "B=2 greedy"]
     curves = report["batch_curve"]
     assert [(c["drafter"], c["batch_sizes"]) for c in curves] == [("prompt-lookup", [1, 2]), ("eagle-tiny", [1, 2])]
-    assert [c["speedup"] for c in curves] == [[rows[0]["speedup"], rows[2]["speedup"]], [rows[1]["speedup"], rows[3]["speedup"]]]
+    assert [c["speedup"] for c in curves] == [[rows[0]["speedup"], rows[2]["speedup"]],
+                                              [rows[1]["speedup"], rows[3]["speedup"]]]
     assert "speedup_vs_batch.png" in report["plots"]
     assert (out / "speedup_vs_batch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (out / "report.md").read_text()

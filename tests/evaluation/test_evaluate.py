@@ -94,8 +94,10 @@ def test_tau_by_context_counts_the_steps_of_each_range():
     stats = GenerationStats()
     for emitted, context in ((3, 10), (1, 300), (2, 300), (4, 600), (1, 2500)):
         stats.record_step(Tree.chain(3), list(range(emitted)), emitted, 0.0, 0.0, context=context)
-    assert stats.tau_by_context() == [{"context": "0-256", "steps": 1, "tau": 3.0}, {"context": "256-512", "steps": 2, "tau": 1.5},
-                                      {"context": "512-1024", "steps": 1, "tau": 4.0}, {"context": "2048+", "steps": 1, "tau": 1.0}]
+    assert stats.tau_by_context() == [{"context": "0-256", "steps": 1, "tau": 3.0},
+                                      {"context": "256-512", "steps": 2, "tau": 1.5},
+                                      {"context": "512-1024", "steps": 1, "tau": 4.0},
+                                      {"context": "2048+", "steps": 1, "tau": 1.0}]
 
 
 def test_the_loop_records_each_steps_context(llama_target):
@@ -190,7 +192,8 @@ def test_switch_keeps_greedy_output_and_drafts_lookup_alone_in_a_loop():
 def test_combination_modes_and_their_spec_suffixes():
     from draftheads.evaluation.drafter_specs import split_spec
 
-    assert split_spec("runs/x+lookup-switch") == ("runs/x", "switch") and split_spec("runs/x+lookup") == ("runs/x", "graft")
+    assert (split_spec("runs/x+lookup-switch") == ("runs/x", "switch")
+            and split_spec("runs/x+lookup") == ("runs/x", "graft"))
     assert split_spec("runs/x+lookup-gate") == ("runs/x", "gate") and split_spec("runs/x") == ("runs/x", None)
     assert EvalConfig(combined="graft").combined_modes == ["graft"]
     assert EvalConfig(combined="all").combined_modes == ["graft", "switch", "gate"]
@@ -323,10 +326,12 @@ def md_table(text: str) -> list[list[str]]:
 
 def test_run_eval_writes_consistent_report(eagle_run, tmp_path, capsys):
     folder, prompts = eagle_run
-    out = run_eval([str(folder)], EvalConfig(prompts=str(prompts), accept=["greedy", "strict"], temperatures=[1.0], tree="chain:2", max_new_tokens=6, combined="graft"),
+    out = run_eval([str(folder)], EvalConfig(prompts=str(prompts), accept=["greedy", "strict"], temperatures=[1.0],
+                                             tree="chain:2", max_new_tokens=6, combined="graft"),
                    target_model=fixture(), out=str(tmp_path / "eval"), progress=False)
     report = json.loads((out / "report.json").read_text())
-    for key in ("created", "settings", "target", "environment", "drafters", "results", "plain", "plots", "prompt_count"):
+    for key in ("created", "settings", "target", "environment", "drafters", "results", "plain", "plots",
+                "prompt_count"):
         assert key in report
     assert report["environment"]["versions"]["torch"] == importlib.metadata.version("torch")
     assert report["target"]["dtype"] == "fp32" and report["settings"]["seed"] == 0 and report["prompt_count"] == 2
@@ -344,7 +349,8 @@ def test_run_eval_writes_consistent_report(eagle_run, tmp_path, capsys):
         cell = dict(zip(columns, cells))
         assert (cell["drafter"], cell["rule"]) == (row["drafter"], row["rule"])
         assert cell["tau"] == f"{row['tau']:.2f}" and cell["speedup"] == f"{row['speedup']:.2f}x"
-        assert cell["predicted"] == f"{row['predicted_speedup']:.2f}x" and cell["chain"] == f"{row['chain_speedup']:.2f}x"
+        assert (cell["predicted"] == f"{row['predicted_speedup']:.2f}x"
+                and cell["chain"] == f"{row['chain_speedup']:.2f}x")
         assert cell["error"] == f"{100 * (row['predicted_speedup'] / row['speedup'] - 1):+.0f}%"
     assert "INCLUDING the bonus token" in md
     for name in report["plots"]:
@@ -404,8 +410,8 @@ def test_tau_from_an_earlier_report_feeds_the_prediction_of_matching_rows(eagle_
     assert "predicted from an earlier evaluation" in (second / "report.md").read_text()
     with pytest.raises(DraftheadsError, match="not a draftheads eval report"):
         (tmp_path / "bad.json").write_text("{}")
-        run_eval([str(folder)], dataclasses.replace(config, tau_from=str(tmp_path / "bad.json")), out=str(tmp_path / "third"),
-                 **run)
+        run_eval([str(folder)], dataclasses.replace(config, tau_from=str(tmp_path / "bad.json")),
+                 out=str(tmp_path / "third"), **run)
 
 
 def test_tasks_prompts_are_broken_down_by_kind_from_the_same_runs(eagle_run, tmp_path):

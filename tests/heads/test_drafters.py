@@ -38,7 +38,8 @@ def test_every_head_type_is_covered():
 @pytest.mark.parametrize("kind, cfg", [(k, c) for _, k, c, _ in VARIANTS] + [("medusa2", {"lora_r": 2})],
                          ids=[name for name, *_ in VARIANTS] + ["medusa2"])
 def test_every_drafter_offers_both_protocols(kind, cfg):
-    """What the loop (Drafter) and training / the formats (TrainableDrafter) call is there on every module the factory builds."""
+    """What the loop (Drafter) and training / the formats (TrainableDrafter) call is there on every module the
+    factory builds."""
     drafter = draftheads.build_drafter(kind, make_target("llama"), **cfg)
     assert isinstance(drafter, Drafter) and isinstance(drafter, TrainableDrafter), type(drafter).__name__
     assert drafter.trains_target == (kind == "medusa2") and drafter.vocab.restricted == ("draft_vocab_size" in cfg)

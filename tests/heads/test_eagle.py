@@ -45,9 +45,11 @@ def features_of(target, drafter, ids):
 
 def make_batch(target, drafter, b=2, s=24, seed=0, generated=False):
     """Random tokens, or (generated) a 4-token random prompt continued greedily by the target."""
-    ids = torch.randint(0, target.config.vocab_size, (b, 4 if generated else s), generator=torch.Generator().manual_seed(seed))
+    ids = torch.randint(0, target.config.vocab_size, (b, 4 if generated else s),
+                        generator=torch.Generator().manual_seed(seed))
     if generated:
-        ids = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=s - 4, min_new_tokens=s - 4, do_sample=False)
+        ids = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=s - 4, min_new_tokens=s - 4,
+                              do_sample=False)
     ones = torch.ones_like(ids)
     return dict(input_ids=ids, attention_mask=ones, loss_mask=ones, features=features_of(target, drafter, ids))
 
@@ -69,7 +71,8 @@ def reference_logits(drafter, features, next_tokens, path):
 @pytest.mark.parametrize("eagle3", KINDS, ids=KIND_IDS)
 def test_from_target_wiring(tiny_target, eagle3):
     drafter = make_drafter(tiny_target, eagle3)
-    hidden, vocab, layers = tiny_target.config.hidden_size, tiny_target.config.vocab_size, tiny_target.config.num_hidden_layers
+    hidden, vocab, layers = (tiny_target.config.hidden_size, tiny_target.config.vocab_size,
+                             tiny_target.config.num_hidden_layers)
     if eagle3 is True:   # EAGLE-3's layer is a Llama layer by default, the class every engine builds
         from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
@@ -88,7 +91,8 @@ def test_from_target_wiring(tiny_target, eagle3):
         assert torch.isneginf(got[:, ~drafter.t2d]).all()
     if eagle3 is True:
         cfg = drafter.config
-        assert drafter.feature_layers == (cfg.feature_layers[0] + 1, cfg.feature_layers[1] + 1, cfg.feature_layers[2] + 1, -1)
+        assert drafter.feature_layers == (cfg.feature_layers[0] + 1, cfg.feature_layers[1] + 1,
+                                          cfg.feature_layers[2] + 1, -1)
         assert max(cfg.feature_layers) < layers
         assert drafter.fc.weight.shape == (hidden, 3 * hidden) and drafter.fc.bias is None
         assert drafter.layer.self_attn.q_proj.in_features == 2 * hidden
@@ -103,7 +107,8 @@ def test_from_target_wiring(tiny_target, eagle3):
     assert batch["features"].shape[-1] == hidden * len(drafter.feature_layers)
     loss, metrics = drafter.training_loss(batch)
     assert loss.ndim == 0 and torch.isfinite(loss)
-    assert metrics["correct"].shape == metrics["total"].shape == metrics["loss_sum"].shape == (drafter.config.ttt_steps,)
+    assert (metrics["correct"].shape == metrics["total"].shape == metrics["loss_sum"].shape
+            == (drafter.config.ttt_steps,))
 
 
 def test_config_round_trip():
@@ -160,7 +165,8 @@ def test_unroll_matches_drafting_with_true_tokens(llama_target, eagle3):
 
 def test_packed_rows_do_not_attend_across_samples(llama_target):
     drafter = make_drafter(llama_target, ttt_steps=2)
-    first, second = make_batch(llama_target, drafter, b=1, s=10, seed=1), make_batch(llama_target, drafter, b=1, s=14, seed=2)
+    first, second = (make_batch(llama_target, drafter, b=1, s=10, seed=1),
+                     make_batch(llama_target, drafter, b=1, s=14, seed=2))
     packed = {k: torch.cat([first[k], second[k]], dim=1) for k in first}
     packed["position_ids"] = torch.cat([torch.arange(10), torch.arange(14)])[None]
     with torch.no_grad():

@@ -37,7 +37,8 @@ def _hand_loss(drafter, batch):
     """The Medusa loss computed position by position."""
     k_heads, decay = drafter.config.num_heads, drafter.config.loss_decay
     ids, att, lm, feats = batch["input_ids"], batch["attention_mask"], batch["loss_mask"], batch["features"]
-    sums, correct, total = torch.zeros(k_heads), torch.zeros(k_heads, dtype=torch.long), torch.zeros(k_heads, dtype=torch.long)
+    sums, correct, total = (torch.zeros(k_heads), torch.zeros(k_heads, dtype=torch.long),
+                            torch.zeros(k_heads, dtype=torch.long))
     for k in range(k_heads):
         shift = k + 2  # head 1 predicts x_{t+2}
         for b in range(ids.shape[0]):
@@ -190,7 +191,8 @@ def test_draft_vocabulary_drafts_and_trains_on_the_chosen_tokens_only(llama_targ
     torch.testing.assert_close(wide[..., narrow.t2d], ref[..., narrow.t2d].float())
     assert torch.isneginf(wide[..., ~narrow.t2d]).all()
     assert narrow.t2d[narrow.propose(Tree.chain(3)).tokens[:, 1:]].all()
-    sampled = narrow.propose(Tree.from_paths([(0,), (1,), (0, 0)]), temperature=0.8, generator=torch.Generator().manual_seed(0))
+    sampled = narrow.propose(Tree.from_paths([(0,), (1,), (0, 0)]), temperature=0.8,
+                             generator=torch.Generator().manual_seed(0))
     assert narrow.t2d[sampled.tokens[:, 1:]].all() and (sampled.q[..., ~narrow.t2d] == 0).all()
     torch.testing.assert_close(sampled.q[:, 0], warp_probs(wide[:, 0], 0.8, 0, 1.0))
     batch = make_batch(llama_target, narrow.feature_layers, b=2, s=14, pad=2)

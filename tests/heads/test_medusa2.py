@@ -28,7 +28,8 @@ def test_kl_loss_is_zero_for_a_fresh_adapter_and_heads_see_the_targets_features(
     loss, metrics = drafter.training_loss(batch)
     assert float(metrics["target_loss_sum"]) == pytest.approx(0.0, abs=1e-5)
     with torch.no_grad(), drafter.adapted_target().disable_adapter():
-        features = target(batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True).hidden_states[-1]
+        features = target(batch["input_ids"], attention_mask=batch["attention_mask"],
+                          output_hidden_states=True).hidden_states[-1]
     heads_loss, head_metrics = drafter.medusa.heads_loss(features, batch)
     torch.testing.assert_close(loss, 0.2 * heads_loss, rtol=1e-5, atol=1e-6)
     assert metrics["total"].tolist() == head_metrics["total"].tolist()
@@ -70,7 +71,8 @@ def test_native_round_trip_restores_heads_and_adapter(tmp_path):
     drafter = draftheads.build_drafter("medusa2", target, num_heads=2, **LORA)
     perturb(drafter)  # heads and LoRA A/B (the registered target's trainable weights)
     save_drafter(drafter, tmp_path / "d", target=target)
-    assert {p.name for p in (tmp_path / "d" / "adapter").iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
+    assert ({p.name for p in (tmp_path / "d" / "adapter").iterdir()}
+            >= {"adapter_config.json", "adapter_model.safetensors"})
     loaded = draftheads.load_drafter(tmp_path / "d", make_target("llama"))
     assert set(loaded.state_dict()) == set(drafter.state_dict())
     for name, tensor in drafter.state_dict().items():
@@ -93,9 +95,11 @@ def test_a_head_written_with_the_old_medusa2_flag_is_read_as_its_kind(capsys):
     """Recipes and drafter folders from before `type: medusa2` said `type: medusa, medusa2: true`."""
     from draftheads.heads.factory import head_config
 
-    old = {"type": "medusa", "medusa2": True, "num_heads": 2, "medusa2_loss": "kl", "medusa2_head_weight": 0.5, "lora_r": 4}
+    old = {"type": "medusa", "medusa2": True, "num_heads": 2, "medusa2_loss": "kl", "medusa2_head_weight": 0.5,
+           "lora_r": 4}
     config = head_config(old)
-    assert (config.type, config.num_heads, config.target_loss, config.heads_weight, config.lora_r) == ("medusa2", 2, "kl", 0.5, 4)
+    assert ((config.type, config.num_heads, config.target_loss, config.heads_weight, config.lora_r)
+            == ("medusa2", 2, "kl", 0.5, 4))
     assert "head.medusa2: true is read as head.type: medusa2" in capsys.readouterr().err
     plain = head_config({"type": "medusa", "medusa2": False, "num_heads": 3, "lora_r": 16, "medusa2_loss": "lm"})
     assert (plain.type, plain.num_heads) == ("medusa", 3)

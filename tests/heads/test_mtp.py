@@ -24,9 +24,11 @@ def make_drafter(target, depth=3, **overrides):
 
 def make_batch(target, b=2, s=16, seed=0, generated=False):
     """Random tokens, or (generated) a 4-token random prompt continued greedily by the target."""
-    ids = torch.randint(0, target.config.vocab_size, (b, 4 if generated else s), generator=torch.Generator().manual_seed(seed))
+    ids = torch.randint(0, target.config.vocab_size, (b, 4 if generated else s),
+                        generator=torch.Generator().manual_seed(seed))
     if generated:
-        ids = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=s - 4, min_new_tokens=s - 4, do_sample=False)
+        ids = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=s - 4, min_new_tokens=s - 4,
+                              do_sample=False)
     with torch.no_grad():
         features = target(ids, output_hidden_states=True).hidden_states[-1]
     ones = torch.ones_like(ids)
@@ -96,7 +98,8 @@ def test_cached_drafting_matches_recompute(tiny_target, tree, split, vocab):
     drafter = make_drafter(tiny_target, depth=3, draft_vocab_size=vocab)
     if vocab:
         drafter.set_draft_vocab(torch.arange(tiny_target.config.vocab_size) % 7)
-    ids = torch.randint(0, tiny_target.config.vocab_size, (1, split[-1] + 1), generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(0, tiny_target.config.vocab_size, (1, split[-1] + 1),
+                        generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         h0 = tiny_target(ids, output_hidden_states=True).hidden_states[-1][:, :-1]
     start = 0
@@ -108,7 +111,8 @@ def test_cached_drafting_matches_recompute(tiny_target, tree, split, vocab):
         assert greedy.tokens[0, 0] == ids[0, end]
         for proposal in (greedy, sampled):
             for node in (v for v in range(tree.num_nodes) if tree.children[v]):
-                want = reference_logits(drafter, h0[:, :end], ids[:, 1 : end + 1], proposal.tokens[0, tree.ancestors(node)[1:]])
+                want = reference_logits(drafter, h0[:, :end], ids[:, 1 : end + 1],
+                                        proposal.tokens[0, tree.ancestors(node)[1:]])
                 kids = proposal.tokens[0, list(tree.children[node])]
                 if proposal.q is None:
                     assert torch.equal(kids, torch.topk(want, len(kids)).indices)

@@ -47,11 +47,13 @@ ALLOWED = {
     "medusa-shared": {f: ("vllm", "tgi") for f in FAMILIES},
     "medusa-own": {f: ("vllm", "tgi") for f in FAMILIES},
     "medusa-own-vocab": {f: ("vllm",) for f in FAMILIES},  # vLLM's token_map; TGI's own heads are full-vocabulary
-    "eagle": {"llama": ("vllm", "sglang"), "mistral": ("vllm", "sglang"), "qwen2": ("vllm", "sglang"), "qwen3": (), "gemma": ()},
+    "eagle": {"llama": ("vllm", "sglang"), "mistral": ("vllm", "sglang"), "qwen2": ("vllm", "sglang"), "qwen3": (),
+              "gemma": ()},
     # a Llama draft layer goes to every EAGLE-3 engine whatever the target; a layer of the target's class only where
     # the engine has that class
     "eagle3": {f: ("vllm", "sglang", "speculators", "llama.cpp") for f in FAMILIES},
-    "eagle3-own": {"llama": ("vllm", "sglang", "speculators", "llama.cpp"), "mistral": ("vllm", "sglang", "speculators", "llama.cpp"),
+    "eagle3-own": {"llama": ("vllm", "sglang", "speculators", "llama.cpp"),
+                   "mistral": ("vllm", "sglang", "speculators", "llama.cpp"),
                    "qwen2": (), "qwen3": ("speculators",), "gemma": ()},
 }
 ENGINE_FORMATS = ("vllm", "sglang", "tgi", "speculators", "deepseek-mtp", "llama.cpp")
@@ -87,7 +89,8 @@ def natives(targets, tmp_path_factory):
                 for p in drafter.parameters():
                     p.add_(torch.randn_like(p) * 0.05)
             if head.startswith("eagle3"):
-                drafter.vocab.choose(torch.randint(0, 1000, (V,)))  # keeps the noisy lm_head: no restart from the target
+                # keeps the noisy lm_head: no restart from the target
+                drafter.vocab.choose(torch.randint(0, 1000, (V,)))
             folder = save_drafter(drafter, tmp_path_factory.mktemp(f"{family}-{head}") / "native", target=target)
             cache[family, head] = drafter, folder
         return cache[family, head]
@@ -118,7 +121,8 @@ def drafts(drafter, observed, seed=None):
 
 
 # llama.cpp's GGUF is not read back here: tests/interop/test_llama_cpp.py and the engine itself check it
-CASES = [(family, head, fmt) for head, per in ALLOWED.items() for family, fmts in per.items() for fmt in fmts if fmt != "llama.cpp"]
+CASES = [(family, head, fmt) for head, per in ALLOWED.items() for family, fmts in per.items() for fmt in fmts
+         if fmt != "llama.cpp"]
 
 
 @pytest.mark.parametrize("family,head,fmt", CASES, ids=["-".join(c) for c in CASES])
@@ -151,10 +155,11 @@ def test_round_trip_keeps_weights_and_drafts(family, head, fmt, targets, natives
 def layer_keys(prefix, attn_in, qkv_bias=False, o_bias=False, qk_norm=False):
     keys = {f"{prefix}self_attn.q_proj.weight": (Q, attn_in), f"{prefix}self_attn.k_proj.weight": (KV, attn_in),
             f"{prefix}self_attn.v_proj.weight": (KV, attn_in), f"{prefix}self_attn.o_proj.weight": (H, Q),
-            f"{prefix}mlp.gate_proj.weight": (I, H), f"{prefix}mlp.up_proj.weight": (I, H), f"{prefix}mlp.down_proj.weight": (H, I),
-            f"{prefix}post_attention_layernorm.weight": (H,)}
+            f"{prefix}mlp.gate_proj.weight": (I, H), f"{prefix}mlp.up_proj.weight": (I, H),
+            f"{prefix}mlp.down_proj.weight": (H, I), f"{prefix}post_attention_layernorm.weight": (H,)}
     if qkv_bias:
-        keys.update({f"{prefix}self_attn.q_proj.bias": (Q,), f"{prefix}self_attn.k_proj.bias": (KV,), f"{prefix}self_attn.v_proj.bias": (KV,)})
+        keys.update({f"{prefix}self_attn.q_proj.bias": (Q,), f"{prefix}self_attn.k_proj.bias": (KV,),
+                     f"{prefix}self_attn.v_proj.bias": (KV,)})
     if o_bias:
         keys[f"{prefix}self_attn.o_proj.bias"] = (H,)
     if qk_norm:
@@ -164,7 +169,8 @@ def layer_keys(prefix, attn_in, qkv_bias=False, o_bias=False, qk_norm=False):
 
 def eagle3_keys(prefix, qk_norm=False):
     return {"fc.weight": (H, 3 * H), f"{prefix}hidden_norm.weight": (H,), f"{prefix}input_layernorm.weight": (H,),
-            **layer_keys(prefix, 2 * H, qk_norm=qk_norm), "norm.weight": (H,), "lm_head.weight": (VD, H), "d2t": (VD,), "t2d": (V,)}
+            **layer_keys(prefix, 2 * H, qk_norm=qk_norm), "norm.weight": (H,), "lm_head.weight": (VD, H), "d2t": (VD,),
+            "t2d": (V,)}
 
 
 # what every engine's config says of a Llama draft layer for a non-Llama target: Llama, SiLU, no biases
@@ -172,8 +178,10 @@ LLAMA_LAYER = {
     "vllm": {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu", "head_dim": D,
              "num_key_value_heads": 2, "eagle_aux_hidden_state_layer_ids": [1, 2, 3]},
     "sglang": {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu", "head_dim": D,
-               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}, "eagle_aux_hidden_state_layer_ids": [1, 2, 3]},
-    "speculators": {"speculators_model_type": "eagle3", "draft_vocab_size": VD, "eagle_aux_hidden_state_layer_ids": [1, 2, 3],
+               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]},
+               "eagle_aux_hidden_state_layer_ids": [1, 2, 3]},
+    "speculators": {"speculators_model_type": "eagle3", "draft_vocab_size": VD,
+                    "eagle_aux_hidden_state_layer_ids": [1, 2, 3],
                     "transformer_layer_config": {"model_type": "llama", "hidden_act": "silu"}},
 }
 # (format, head, family) -> (weights file, {key: shape}, config fields that must hold these values)
@@ -181,10 +189,12 @@ EXPECTED = {
     ("vllm", "medusa-shared", "llama"): ("model.safetensors", {
         **{f"blocks.{h}.layers.0.{p}": (H, H) if p == "weight" else (H,) for h in range(3) for p in ("weight", "bias")},
         "lm_heads.0.weight": (V, H)},
-        {"architectures": ["MedusaModel"], "model_type": "medusa", "num_heads": 3, "num_hidden_layers": 1, "medusa_fc_bias": True,
-         "original_lm_head": True, "hidden_size": H, "vocab_size": V, "truncated_vocab_size": V}),
+        {"architectures": ["MedusaModel"], "model_type": "medusa", "num_heads": 3, "num_hidden_layers": 1,
+         "medusa_fc_bias": True, "original_lm_head": True, "hidden_size": H, "vocab_size": V,
+         "truncated_vocab_size": V}),
     ("vllm", "medusa-own", "llama"): ("model.safetensors", {
-        **{f"blocks.{h}.layers.{l}.{p}": (H, H) if p == "weight" else (H,) for h in range(2) for l in range(2) for p in ("weight", "bias")},
+        **{f"blocks.{h}.layers.{l}.{p}": (H, H) if p == "weight" else (H,) for h in range(2) for l in range(2)
+           for p in ("weight", "bias")},
         **{f"lm_heads.{h}.weight": (V, H) for h in range(2)}},
         {"num_heads": 2, "num_hidden_layers": 2, "medusa_fc_bias": True, "original_lm_head": False}),
     ("vllm", "medusa-own-vocab", "llama"): ("model.safetensors", {
@@ -195,31 +205,39 @@ EXPECTED = {
         **{f"{h}.0.linear.{p}": (H, H) if p == "weight" else (H,) for h in range(3) for p in ("weight", "bias")}},
         {"medusa_num_heads": 3, "medusa_num_layers": 1}),
     ("tgi", "medusa-own", "llama"): ("medusa_lm_head.safetensors", {
-        **{f"{h}.{l}.linear.{p}": (H, H) if p == "weight" else (H,) for h in range(2) for l in range(2) for p in ("weight", "bias")},
+        **{f"{h}.{l}.linear.{p}": (H, H) if p == "weight" else (H,) for h in range(2) for l in range(2)
+           for p in ("weight", "bias")},
         **{f"{h}.2.weight": (V, H) for h in range(2)}},
         {"medusa_num_heads": 2, "medusa_num_layers": 2}),
-    ("vllm", "eagle", "llama"): ("model.safetensors", {"fc.weight": (H, 2 * H), **layer_keys("layers.0.", H, qkv_bias=True, o_bias=True)},
-        {"architectures": ["EagleLlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1, "attention_bias": True}),
-    ("vllm", "eagle", "qwen2"): ("model.safetensors", {"fc.weight": (H, 2 * H), **layer_keys("layers.0.", H, qkv_bias=True, o_bias=True)},
+    ("vllm", "eagle", "llama"): ("model.safetensors", {
+        "fc.weight": (H, 2 * H), **layer_keys("layers.0.", H, qkv_bias=True, o_bias=True)},
+        {"architectures": ["EagleLlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1,
+         "attention_bias": True}),
+    ("vllm", "eagle", "qwen2"): ("model.safetensors", {
+        "fc.weight": (H, 2 * H), **layer_keys("layers.0.", H, qkv_bias=True, o_bias=True)},
         {"architectures": ["EagleLlamaForCausalLM"], "model_type": "llama", "attention_bias": True}),
-    ("sglang", "eagle", "llama"): ("model.safetensors", {"fc.weight": (H, 2 * H), "fc.bias": (H,), **layer_keys("layers.0.", H)},
+    ("sglang", "eagle", "llama"): ("model.safetensors", {
+        "fc.weight": (H, 2 * H), "fc.bias": (H,), **layer_keys("layers.0.", H)},
         {"architectures": ["LlamaForCausalLMEagle"], "model_type": "llama", "num_hidden_layers": 1}),
-    ("sglang", "eagle", "qwen2"): ("model.safetensors", {"fc.weight": (H, 2 * H), "fc.bias": (H,), **layer_keys("layers.0.", H, qkv_bias=True)},
+    ("sglang", "eagle", "qwen2"): ("model.safetensors", {
+        "fc.weight": (H, 2 * H), "fc.bias": (H,), **layer_keys("layers.0.", H, qkv_bias=True)},
         {"architectures": ["Qwen2ForCausalLMEagle"], "model_type": "qwen2", "num_hidden_layers": 1}),
     ("vllm", "eagle3", "llama"): ("model.safetensors", eagle3_keys("midlayer."),
-        {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1, "draft_vocab_size": VD,
-         "target_hidden_size": H, "tie_word_embeddings": False, "norm_before_residual": False,
+        {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+         "draft_vocab_size": VD, "target_hidden_size": H, "tie_word_embeddings": False, "norm_before_residual": False,
          "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}),  # 4-layer target: feature layers (0, 1, 2), vLLM ids + 1
     ("sglang", "eagle3", "llama"): ("model.safetensors", eagle3_keys("midlayer."),
-        {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1, "draft_vocab_size": VD, "tie_word_embeddings": False,
-         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}, "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}),
+        {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1, "draft_vocab_size": VD,
+         "tie_word_embeddings": False, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]},
+         "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}),
     ("speculators", "eagle3", "llama"): ("model.safetensors", eagle3_keys("layers.0."),
-        {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "draft_vocab_size": VD, "target_hidden_size": H,
-         "norm_before_residual": False, "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}),
+        {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "draft_vocab_size": VD,
+         "target_hidden_size": H, "norm_before_residual": False, "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}),
     ("speculators", "eagle3-own", "qwen3"): ("model.safetensors", eagle3_keys("layers.0.", qk_norm=True),
         {"speculators_model_type": "eagle3", "draft_vocab_size": VD}),
     **{(fmt, "eagle3", family): ("model.safetensors", eagle3_keys("layers.0." if fmt == "speculators" else "midlayer."),
-                                 LLAMA_LAYER[fmt]) for fmt in LLAMA_LAYER for family in ("qwen2", "qwen3", "mistral", "gemma")},
+                                 LLAMA_LAYER[fmt])
+       for fmt in LLAMA_LAYER for family in ("qwen2", "qwen3", "mistral", "gemma")},
 }
 DTYPES = {"d2t": torch.int64, "t2d": torch.bool, "token_map": torch.int64}
 
@@ -227,7 +245,8 @@ DTYPES = {"d2t": torch.int64, "t2d": torch.bool, "token_map": torch.int64}
 @pytest.mark.parametrize("fmt,head,family", list(EXPECTED), ids=["-".join(k) for k in EXPECTED])
 def test_export_matches_what_the_loader_reads(fmt, head, family, natives, tmp_path):
     drafter, native = natives(family, head)
-    assert not head.startswith("eagle3") or drafter.config.feature_layers == [0, 1, 2]  # the default for a 4-layer target
+    # the default for a 4-layer target
+    assert not head.startswith("eagle3") or drafter.config.feature_layers == [0, 1, 2]
     out = export_drafter(native, fmt, tmp_path / "out")
     weights_file, shapes, fields = EXPECTED[fmt, head, family]
     tensors = load_file(str(out / weights_file))
@@ -251,7 +270,8 @@ def check_loader_traps(fmt, head, config):
         assert config["base_model_name_or_path"]
     if (fmt, head.split("-")[0]) == ("vllm", "medusa"):
         # vLLM's MedusaConfig renames every key with 'num'+'heads' / 'num'+'layers': only ours may exist
-        assert [k for k in config if "num" in k and ("heads" in k or "layers" in k)] == ["num_heads", "num_hidden_layers"]
+        assert ([k for k in config if "num" in k and ("heads" in k or "layers" in k)]
+                == ["num_heads", "num_hidden_layers"])
     if head.startswith("eagle") and fmt != "speculators":
         from transformers import AutoConfig
 
@@ -261,7 +281,8 @@ def check_loader_traps(fmt, head, config):
         spec = config["speculators_config"]
         assert spec["proposal_methods"][0]["speculative_tokens"] >= 1
         assert spec["default_proposal_method"] == spec["proposal_methods"][0]["proposal_type"]
-        assert spec["verifier"]["name_or_path"] and config["transformer_layer_config"]["model_type"] in ("llama", "qwen3")
+        assert (spec["verifier"]["name_or_path"]
+                and config["transformer_layer_config"]["model_type"] in ("llama", "qwen3"))
 
 
 # ---- engine semantics: recompute drafts from the exported tensors the way each engine does ------
@@ -335,8 +356,10 @@ def test_vllm_eagle_fold_is_exact(family, targets, natives, tmp_path):
     pos = torch.arange(4)[None]
     mask = torch.full((4, 4), float("-inf")).triu(1)[None, None]
     rope = target.model.rotary_emb(feat, pos)
-    ours = drafter.layer(drafter.fc(torch.cat([emb, feat], -1)), attention_mask=mask, position_ids=pos, position_embeddings=rope)
-    engine = layer(F.linear(torch.cat([emb, feat], -1), tensors["fc.weight"]), attention_mask=mask, position_ids=pos, position_embeddings=rope)
+    ours = drafter.layer(drafter.fc(torch.cat([emb, feat], -1)), attention_mask=mask, position_ids=pos,
+                         position_embeddings=rope)
+    engine = layer(F.linear(torch.cat([emb, feat], -1), tensors["fc.weight"]), attention_mask=mask, position_ids=pos,
+                   position_embeddings=rope)
     torch.testing.assert_close(engine, ours, rtol=1e-5, atol=1e-5)
 
 
@@ -364,8 +387,8 @@ def test_eagle3_norms_map_to_the_engine_roles(targets, natives, tmp_path):
     attn = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True)
     h = carry + F.linear(attn.transpose(1, 2).reshape(1, n, Q), t["midlayer.self_attn.o_proj.weight"])
     m = rms(h, t["midlayer.post_attention_layernorm.weight"])
-    mlp = F.linear(F.silu(F.linear(m, t["midlayer.mlp.gate_proj.weight"])) * F.linear(m, t["midlayer.mlp.up_proj.weight"]),
-                   t["midlayer.mlp.down_proj.weight"])
+    mlp = F.linear(F.silu(F.linear(m, t["midlayer.mlp.gate_proj.weight"]))
+                   * F.linear(m, t["midlayer.mlp.up_proj.weight"]), t["midlayer.mlp.down_proj.weight"])
     logits = F.linear(rms(h + mlp, t["norm.weight"]), t["lm_head.weight"])
     from draftheads.heads.layers import causal_visible
 
@@ -422,8 +445,9 @@ def tiny_deepseek_v3(vocab):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(
-        "deepseek_v3", vocab_size=vocab, hidden_size=H, intermediate_size=I, moe_intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        "deepseek_v3", vocab_size=vocab, hidden_size=H, intermediate_size=I, moe_intermediate_size=32,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+        n_shared_experts=1,
         first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
         n_group=1, topk_group=1, max_position_embeddings=256, tie_word_embeddings=False)
     torch.manual_seed(0)
@@ -457,8 +481,10 @@ def test_unknown_format_and_foreign_folder_are_one_line_errors(natives, targets,
 def test_native_export_validates_and_copies(natives, tmp_path):
     drafter, native = natives("llama", "eagle")
     out = export_drafter(native, "native", tmp_path / "copy")
-    assert sorted(p.name for p in out.iterdir()) == sorted([p.name for p in native.iterdir()] + ["draftheads_export.json"])
-    broken = edited_native(native, tmp_path / "broken", {"type": "medusa", "num_heads": 2})  # eagle tensors, medusa config
+    assert sorted(p.name for p in out.iterdir()) == sorted([p.name for p in native.iterdir()]
+                                                           + ["draftheads_export.json"])
+    # eagle tensors, medusa config
+    broken = edited_native(native, tmp_path / "broken", {"type": "medusa", "num_heads": 2})
     with pytest.raises(DraftheadsError, match="does not match its config.json"):
         export_drafter(broken, "native", tmp_path / "bad")
 
@@ -488,7 +514,8 @@ def test_eagle_reference_layout_loads(targets, natives, tmp_path):
     """EAGLE (SafeAILab): a Llama config.json beside pytorch_model.bin with fc.* and layers.0.* (+ embeddings)."""
     target = targets["llama"]
     drafter, native = natives("llama", "eagle")
-    state = {("layers.0." + k.removeprefix("layer.")) if k.startswith("layer.") else k: v for k, v in drafter.state_dict().items()}
+    state = {("layers.0." + k.removeprefix("layer.")) if k.startswith("layer.") else k: v
+             for k, v in drafter.state_dict().items()}
     state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().clone()
     torch.save(state, tmp_path / "pytorch_model.bin")
     config = target.config.to_dict() | {"num_hidden_layers": 1, "architectures": ["LlamaForCausalLM"]}
@@ -517,8 +544,10 @@ def test_the_speculators_package_loads_every_eagle3_export(natives, tmp_path):
     parameter finite (it fills what it does not find with NaN) and equal to ours."""
     if not SPECULATORS_PYTHON.is_file():
         if os.environ.get("CI"):
-            pytest.fail(f"{SPECULATORS_PYTHON} is missing: CI runs `make test`, which builds it (make speculators-venv)")
-        pytest.skip("no .venv-speculators: run `make speculators-venv` (or `make test`) to check against speculators' loader")
+            pytest.fail(f"{SPECULATORS_PYTHON} is missing: CI runs `make test`, which builds it (make "
+                        "speculators-venv)")
+        pytest.skip("no .venv-speculators: run `make speculators-venv` (or `make test`) to check against "
+                    "speculators' loader")
     folders = []
     for family, head in SPECULATORS_CASES:
         _, native = natives(family, head)
@@ -624,7 +653,8 @@ def test_export_dtype_casts_the_weights_and_says_so(dtype, torch_dtype, targets,
         if value.is_floating_point():
             assert torch.equal(loaded[key], value.to(torch_dtype).float()), key
     native_out = export_drafter(native, "native", tmp_path / "native", dtype=dtype)
-    assert {t.dtype for t in load_file(str(native_out / "model.safetensors")).values() if t.is_floating_point()} == {torch_dtype}
+    assert ({t.dtype for t in load_file(str(native_out / "model.safetensors")).values() if t.is_floating_point()}
+            == {torch_dtype})
     with pytest.raises(DraftheadsError, match="unknown export dtype 'int8'; use one of bf16, fp16, fp32"):
         export_drafter(native, "vllm", tmp_path / "bad", dtype="int8")
 

@@ -87,7 +87,8 @@ def test_folders_beside_out_are_never_touched(run, tmp_path):
     export_drafter(run, "vllm", out, overwrite=True)
     for name in ("exported.tmp", "exported.old", ".exported.old"):
         assert (tmp_path / "runs" / name / "mine.txt").read_text() == "keep"
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [".exported.old", "R", "exported", "exported.old", "exported.tmp"]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [".exported.old", "R", "exported", "exported.old",
+                                                                     "exported.tmp"]
 
 
 def test_a_drafter_of_the_embedded_target_exports_offline(tmp_path, monkeypatch, tiny_target_dir):
@@ -104,7 +105,8 @@ def test_a_drafter_of_the_embedded_target_exports_offline(tmp_path, monkeypatch,
     shutil.copytree(tiny_target_dir, cached)
     pinned = ALIASES["smollm2-135m"]
     (cached / COMPLETE).write_text(json.dumps({"requirement": pinned.requirement, "wheel_sha256": pinned.wheel_sha256,
-                                               "files": {p.name: file_sha256(p) for p in cached.iterdir() if p.is_file()}}))
+                                               "files": {p.name: file_sha256(p) for p in cached.iterdir()
+                                                         if p.is_file()}}))
     target, _ = draftheads.load_target("smollm2-135m", dtype="fp32", device="cpu")
     for kind, fmt in (("eagle", "sglang"), ("medusa", "vllm")):  # the layer config, and the shared lm_head's weights
         native = save_drafter(draftheads.build_drafter(kind, target), tmp_path / f"{kind}-native", target=target)

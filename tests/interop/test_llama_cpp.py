@@ -80,8 +80,8 @@ def test_the_gguf_holds_what_llama_cpps_loader_reads(setup, tmp_path):
     assert set(layout.config) - {"tokenizer.*"} <= set(meta)
     assert meta["general.architecture"] == "eagle3" and meta["eagle3.block_count"] == 1
     assert (meta["eagle3.embedding_length"], meta["eagle3.feed_forward_length"]) == (H, I)
-    assert (meta["eagle3.attention.head_count"], meta["eagle3.attention.head_count_kv"], meta["eagle3.attention.key_length"]) \
-        == (HEADS, KV_HEADS, D)
+    assert (meta["eagle3.attention.head_count"], meta["eagle3.attention.head_count_kv"],
+            meta["eagle3.attention.key_length"]) == (HEADS, KV_HEADS, D)
     assert meta["eagle3.vocab_size"] == V and meta["eagle3.target_hidden_size"] == H
     # the default layers of a 4-layer target are outputs 0, 1, 2: llama.cpp captures the inputs of layers 1, 2, 3
     assert drafter.config.feature_layers == [0, 1, 2] and meta["eagle3.target_layers"] == [1, 2, 3]
@@ -150,7 +150,8 @@ def test_interleaving_the_rope_rows_keeps_every_attention_score():
     heads, d, n = 3, 8, 6
     wq, wk, x, pos = torch.randn(heads * d, 5), torch.randn(heads * d, 5), torch.randn(n, 5), torch.arange(n).double()
     angle = pos[:, None] * 10000.0 ** (-torch.arange(0, d, 2).double() / d)
-    cos, sin = torch.cat([angle, angle], -1).cos()[:, None].float(), torch.cat([angle, angle], -1).sin()[:, None].float()
+    cos, sin = (torch.cat([angle, angle], -1).cos()[:, None].float(),
+                torch.cat([angle, angle], -1).sin()[:, None].float())
 
     def hf_rope(y):   # [n, heads, d]
         return y * cos + torch.cat([-y[..., d // 2:], y[..., : d // 2]], -1) * sin
@@ -177,7 +178,8 @@ def test_export_dtype_sets_the_matrices_type(dtype, kind, setup, tmp_path):
 def test_a_target_gguf_of_another_model_is_refused(change, message, setup, tokenizer, tmp_path):
     target, _, native, _ = setup
     other = write_target_gguf(tmp_path / "other.gguf", tokenizer, **change)
-    with pytest.raises(DraftheadsError, match=f"other.gguf is not the target this drafter was trained for: .*{message}"):
+    with pytest.raises(DraftheadsError,
+                       match=f"other.gguf is not the target this drafter was trained for: .*{message}"):
         export_drafter(native, "llama.cpp", tmp_path / "out", target=target, target_gguf=other)
     assert not (tmp_path / "out").exists()
 

@@ -59,7 +59,8 @@ def test_saving_over_an_existing_drafter_replaces_it(medusa, llama_target, tmp_p
     "other, key",
     [
         (dict(family="llama", hidden_size=32), "hidden_size 64 but this target has hidden_size 32"),
-        (dict(family="llama", tokenizer=make_tokenizer(vocab_size=420)), "vocab_size 384 but this target has vocab_size 420"),
+        (dict(family="llama", tokenizer=make_tokenizer(vocab_size=420)),
+         "vocab_size 384 but this target has vocab_size 420"),
         (dict(family="qwen2"), "architecture LlamaForCausalLM but this target has architecture Qwen2ForCausalLM"),
     ],
 )

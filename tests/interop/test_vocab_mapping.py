@@ -25,7 +25,8 @@ def test_each_form_reads_back_the_same_tokens(maps, name):
 
 def test_specforge_file_holds_what_specforge_writes(maps):
     saved = torch.load(maps / "vocab_mapping.pt", weights_only=True)
-    assert torch.equal(saved["d2t"], D2T) and saved["t2d"].dtype == torch.bool and int(saved["t2d"].sum()) == len(CHOSEN)
+    assert (torch.equal(saved["d2t"], D2T) and saved["t2d"].dtype == torch.bool
+            and int(saved["t2d"].sum()) == len(CHOSEN))
     assert np.load(maps / "t2d.npy").dtype == np.bool_
 
 

@@ -18,7 +18,8 @@ from tests.training.train_helpers import max_weight_diff, tiny_recipe
 def build(target, data_dir, folder, layers, dtype="fp32", batch_size=4):
     rows = B.load_rows(data_dir)
     lengths = B.row_lengths(rows, 64)
-    cache = Fe.build_feature_cache(Accelerator(cpu=True), target, B.RowSet(rows, 64), lengths, layers, folder, dtype, batch_size)
+    cache = Fe.build_feature_cache(Accelerator(cpu=True), target, B.RowSet(rows, 64), lengths, layers, folder, dtype,
+                                   batch_size)
     return rows, lengths, cache
 
 
@@ -89,7 +90,8 @@ OFFLINE_HEADS = {
 @pytest.mark.parametrize("head", list(OFFLINE_HEADS))
 def test_online_and_offline_training_give_the_same_drafter(tmp_path, data_dir, llama_target, head, capsys):
     settings = dict(max_steps=4, save_every=4, eval_every=4, log_every=1, feature_dtype="fp32")
-    online = run_training(tiny_recipe(data_dir, tmp_path / "on", OFFLINE_HEADS[head], mode="online", **settings), target=llama_target)
+    online = run_training(tiny_recipe(data_dir, tmp_path / "on", OFFLINE_HEADS[head], mode="online", **settings),
+                          target=llama_target)
     offline_recipe = tiny_recipe(data_dir, tmp_path / "off", OFFLINE_HEADS[head], mode="offline",
                                  feature_cache=str(tmp_path / "cache"), **settings)
     offline = run_training(offline_recipe, target=llama_target)
@@ -114,7 +116,8 @@ def test_offline_mode_refuses_medusa2(tmp_path, data_dir):
         run_training(recipe, target=object())  # refused before the target is touched
 
 
-def test_a_cache_for_grown_rows_takes_the_kept_rows_shards_and_retires_the_old_cache(tmp_path, data_dir, llama_target, monkeypatch):
+def test_a_cache_for_grown_rows_takes_the_kept_rows_shards_and_retires_the_old_cache(tmp_path, data_dir, llama_target,
+                                                                                     monkeypatch):
     """As after `draftheads data` grows a folder: the old rows first, new ones after. Shards whose rows an
     earlier cache with the same settings holds are linked, not computed; other settings are left alone."""
     monkeypatch.setattr(Fe, "SHARD_ROWS", 5)
@@ -125,8 +128,8 @@ def test_a_cache_for_grown_rows_takes_the_kept_rows_shards_and_retires_the_old_c
     features = tmp_path / "features"
 
     def cache(rows, name, dtype="fp32"):
-        return Fe.build_feature_cache(Accelerator(cpu=True), llama_target, B.RowSet(rows, 64), B.row_lengths(rows, 64), (-1,),
-                                      features / name, dtype, 4, share_folder=True)
+        return Fe.build_feature_cache(Accelerator(cpu=True), llama_target, B.RowSet(rows, 64), B.row_lengths(rows, 64),
+                                      (-1,), features / name, dtype, 4, share_folder=True)
 
     cache(kept, "old")
     cache(kept, "other-dtype", "bf16")
@@ -145,7 +148,8 @@ def test_a_cache_for_grown_rows_takes_the_kept_rows_shards_and_retires_the_old_c
         json.loads((tmp_path / "fresh" / "manifest.json").read_text())["shard_digests"]
 
 
-def test_more_data_trains_on_both_folders_and_its_cache_leaves_the_first_folders_own(tmp_path, llama_target, monkeypatch):
+def test_more_data_trains_on_both_folders_and_its_cache_leaves_the_first_folders_own(tmp_path, llama_target,
+                                                                                     monkeypatch):
     """train.more_data: the rows of data.output, then each other folder's; the cache goes in data.output's features/,
     takes the shards of data.output's own cache, and leaves that cache for runs on data.output alone."""
     from draftheads.core.run_folder import DATA_MARKER
@@ -153,7 +157,8 @@ def test_more_data_trains_on_both_folders_and_its_cache_leaves_the_first_folders
     from tests.training.train_helpers import make_dataset
 
     monkeypatch.setattr(Fe, "SHARD_ROWS", 4)
-    first, more = make_dataset(llama_target, tmp_path / "first", rows=12, seed=1), make_dataset(llama_target, tmp_path / "more", rows=6, seed=2)
+    first, more = (make_dataset(llama_target, tmp_path / "first", rows=12, seed=1),
+                   make_dataset(llama_target, tmp_path / "more", rows=6, seed=2))
     settings = dict(mode="offline", max_steps=2, save_every=2, eval_every=2)
     run_training(tiny_recipe(first, tmp_path / "alone", **settings), target=llama_target)
     written = []
@@ -167,10 +172,12 @@ def test_more_data_trains_on_both_folders_and_its_cache_leaves_the_first_folders
     run_training(both, target=llama_target)
     assert written == [3, 4]                                   # shards 0-2 hold first's 12 rows: taken over
     caches = sorted((first / "features").iterdir())
-    assert len(caches) == 2 and sorted(len(json.loads((c / "manifest.json").read_text())["lengths"]) for c in caches) == [12, 18]
+    assert len(caches) == 2 and sorted(len(json.loads((c / "manifest.json").read_text())["lengths"])
+                                       for c in caches) == [12, 18]
     assert not (more / "features").exists()
 
     for folder, name in ((first, "smollm2-135m"), (more, "other/model")):
         (folder / DATA_MARKER).write_text(json.dumps({"complete": True, "target": {"name": name, "revision": None}}))
-    with pytest.raises(DraftheadsError, match=r"train.more_data: '.*more' was generated by target other/model@main.*one target"):
+    with pytest.raises(DraftheadsError,
+                       match=r"train.more_data: '.*more' was generated by target other/model@main.*one target"):
         training_rows(both)

@@ -64,7 +64,8 @@ def launch(recipe, processes=1, kill=None):
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
                 "--master_port", str(29500 + os.getpid() % 1000)] if processes > 1 else [sys.executable]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    return subprocess.run([*launcher, *script, str(recipe)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run([*launcher, *script, str(recipe)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
 
 
 def same_bits(a, b) -> bool:

@@ -109,7 +109,8 @@ def test_time_budget_stops_cleanly_and_says_so(tmp_path, data_dir, llama_target,
 
 
 @pytest.mark.parametrize("form", ["vocab_mapping.pt", "d2t.npy", "drafter"])
-def test_a_draft_vocabulary_from_specforge_speculators_or_a_run_is_reused_exactly(form, tmp_path, data_dir, llama_target):
+def test_a_draft_vocabulary_from_specforge_speculators_or_a_run_is_reused_exactly(form, tmp_path, data_dir,
+                                                                                  llama_target):
     from safetensors.torch import load_file
 
     from draftheads.interop.vocab_mapping import write_vocab_mappings
@@ -123,11 +124,13 @@ def test_a_draft_vocabulary_from_specforge_speculators_or_a_run_is_reused_exactl
     source = tmp_path / "maps" / form
     if form == "drafter":   # an earlier run of ours, whose vocabulary came from the SpecForge file
         source = run_training(tiny_recipe(data_dir, tmp_path / "first", head, max_steps=1,
-                                          draft_vocab_from=str(tmp_path / "maps" / "vocab_mapping.pt")), target=llama_target)
+                                          draft_vocab_from=str(tmp_path / "maps" / "vocab_mapping.pt")),
+                              target=llama_target)
     run_dir = run_training(tiny_recipe(data_dir, tmp_path / "run", head, max_steps=1, draft_vocab_from=str(source)),
                            target=llama_target)
     assert torch.equal(load_file(str(run_dir / "final" / "drafter" / "model.safetensors"))["d2t"], d2t)
-    with pytest.raises(DraftheadsError, match="holds 32 tokens but head.draft_vocab_size is 16; set head.draft_vocab_size: 32"):
+    with pytest.raises(DraftheadsError,
+                       match="holds 32 tokens but head.draft_vocab_size is 16; set head.draft_vocab_size: 32"):
         run_training(tiny_recipe(data_dir, tmp_path / "bad", {**head, "draft_vocab_size": 16}, max_steps=1,
                                  draft_vocab_from=str(source)), target=llama_target)
 
@@ -151,7 +154,8 @@ def test_init_from_starts_from_a_trained_drafter(tmp_path, data_dir, llama_targe
     trained = first / "final" / "drafter"
     assert any(float(t.abs().max()) > 0 for t in drafter_weights(trained).values())  # not the zero init any more
     head = {"type": "medusa", "num_heads": 2, "init_from": str(trained)}
-    second = run_training(tiny_recipe(data_dir, tmp_path / "b", head, max_steps=1, lr=1e-12, warmup_steps=0), target=llama_target)
+    second = run_training(tiny_recipe(data_dir, tmp_path / "b", head, max_steps=1, lr=1e-12, warmup_steps=0),
+                          target=llama_target)
     assert max_weight_diff(trained, second / "final" / "drafter") < 1e-8
     wrong = {"type": "eagle", "init_from": str(trained)}
     with pytest.raises(DraftheadsError, match="holds a medusa drafter"):
@@ -217,7 +221,8 @@ def test_bundled_accelerate_configs_load():
         assert path.read_text().startswith("#") and "accelerate launch --config_file" in path.read_text()
         config = load_config_from_file(str(path))
         assert config.distributed_type.value == kind
-    assert load_config_from_file(str(REPO / "draftheads/recipes/accelerate/deepspeed_zero2.yaml")).deepspeed_config["zero_stage"] == 2
+    assert (load_config_from_file(str(REPO / "draftheads/recipes/accelerate/deepspeed_zero2.yaml"))
+            .deepspeed_config["zero_stage"] == 2)
 
 
 def test_two_process_ddp_equals_one_process_with_accumulation(tmp_path, data_dir, tiny_target_dir):
@@ -230,7 +235,8 @@ def test_two_process_ddp_equals_one_process_with_accumulation(tmp_path, data_dir
     path = write_recipe(tmp_path, data_dir, tiny_target_dir, max_steps=4, batch_size=3, save_every=2, eval_every=2)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29517"]
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+                "29517"]
     done = subprocess.run([*launcher, "-m", "draftheads.train", str(path), f"train.output_dir={tmp_path / 'ddp'}"],
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -241,7 +247,8 @@ def test_two_process_ddp_equals_one_process_with_accumulation(tmp_path, data_dir
     a = json.loads((tmp_path / "ddp" / "final" / "metrics.json").read_text())
     b = json.loads((one / "final" / "metrics.json").read_text())
     assert [h["loss"] for h in a["history"]] == pytest.approx([h["loss"] for h in b["history"]], abs=1e-6)
-    assert a["final_eval"]["acc"] == b["final_eval"]["acc"] and a["final_eval"]["positions"] == b["final_eval"]["positions"]
+    assert (a["final_eval"]["acc"] == b["final_eval"]["acc"]
+            and a["final_eval"]["positions"] == b["final_eval"]["positions"])
 
 
 def test_medusa2_trains_its_lora_adapter_online(tmp_path, data_dir, tokenizer):
@@ -270,12 +277,14 @@ def test_medusa2_checkpoints_hold_the_adapter_not_the_frozen_target(tmp_path, da
     from tests.fixtures import make_target
 
     head = {"type": "medusa2", "num_heads": 2, "lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.0}
-    run_dir = run_training(tiny_recipe(data_dir, tmp_path / "run", head, max_steps=2), target=make_target("llama", tokenizer))
+    run_dir = run_training(tiny_recipe(data_dir, tmp_path / "run", head, max_steps=2),
+                           target=make_target("llama", tokenizer))
     saved = load_file(str(run_dir / "step_000002" / "model.safetensors"))
     under_target = [k for k in saved if k.startswith("drafter.target.")]
     assert under_target and all("lora_" in k for k in under_target)
     assert any(k.startswith("drafter.medusa.heads.") for k in saved)  # Medusa-2 holds the heads as `medusa`
     # resume restores from that checkpoint into a fresh target and carries on
-    resumed = run_training(tiny_recipe(data_dir, tmp_path / "run", head, max_steps=3, resume=str(run_dir / "step_000002")),
+    resumed = run_training(tiny_recipe(data_dir, tmp_path / "run", head, max_steps=3,
+                                       resume=str(run_dir / "step_000002")),
                            target=make_target("llama", tokenizer))  # more steps: a deliberate continuation
     assert json.loads((resumed / "final" / "metrics.json").read_text())["steps"] == 3

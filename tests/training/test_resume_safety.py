@@ -41,7 +41,8 @@ def test_checkpoints_hold_no_pickled_objects_and_a_manifest(tmp_path, data_dir, 
     assert not list(step.glob("custom_checkpoint_*"))  # the scheduler went to JSON, not to accelerate's pickle
     assert json.loads((step / C.SCHEDULER_FILE).read_text())["last_epoch"] == 4
     files = json.loads((step / C.MANIFEST_FILE).read_text())["files"]
-    assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "scheduler.json", "drafter/model.safetensors"} <= set(files)
+    assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "scheduler.json",
+            "drafter/model.safetensors"} <= set(files)
 
 
 @pytest.mark.parametrize("planted", ["custom_checkpoint_0.pkl", "optimizer.bin", "random_states_0.pkl"])
@@ -98,7 +99,8 @@ def test_changed_settings_are_refused_with_the_difference(tmp_path, data_dir, ll
     assert json.loads((run / "final" / "metrics.json").read_text())["steps"] == 6
 
 
-def test_a_run_saved_before_a_setting_existed_resumes_while_that_setting_keeps_its_default(tmp_path, data_dir, llama_target):
+def test_a_run_saved_before_a_setting_existed_resumes_while_that_setting_keeps_its_default(tmp_path, data_dir,
+                                                                                           llama_target):
     """A recipe saved by an older draftheads lacks the settings added since (train.more_data, say): they compare as
     their defaults, so `make demo` or `draftheads train` run again on an older run folder continue it."""
     import yaml
