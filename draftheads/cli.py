@@ -69,8 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=None, help="target spec (default: the drafter's target)")
     # unset flags take the eval: section of the recipe that trained the first drafter, else its defaults
     _prompt_args(p)
-    p.add_argument("--accept", default=None, help="comma-separated: greedy,strict,typical (default: greedy)")
-    p.add_argument("--temperature", dest="temperatures", default=None, help="comma-separated temperatures (default: 0)")
+    p.add_argument("--accept", default=None, metavar="RULE[,RULE...]",
+                   help="comma-separated: greedy,strict,typical (default: greedy)")
+    p.add_argument("--temperature", dest="temperatures", default=None, metavar="T[,T...]",
+                   help="comma-separated temperatures (default: 0)")
     p.add_argument("--tree", default=None, help="chain:K | static:PATHS | dynamic:TOPK,DEPTH,TOTAL | auto[:NODES] "
                                                 "(fastest on this machine) | auto:tau[:NODES] "
                                                 "(most tokens per forward)")
@@ -79,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "chain grafted onto the learned tree), switch (the lookup chain alone while the text is being "
                         "copied, the grafted tree otherwise), gate (the learned tree drafted only while the tokens it "
                         "adds pay for its cost on this machine), all (the three)")
-    p.add_argument("--batch-size", dest="batch_sizes", default=None,
+    p.add_argument("--batch-size", dest="batch_sizes", default=None, metavar="B[,B...]",
                    help="comma-separated batch sizes, e.g. 1,2,4,8,16: the speedup-vs-batch curve (default: 1)")
     p.add_argument("--plain-above", default=None, help="decode plainly while more than this many rows are generating")
     p.add_argument("--refresh-profile", action="store_const", const=True, default=None,
@@ -123,8 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine_eval.add_argument("drafters", nargs="+", help="EAGLE-3 drafter or run folders")
     engine_eval.add_argument("--target", default=None, help="the target's GGUF (default: the drafter's target)")
     _prompt_args(engine_eval)
-    engine_eval.add_argument("--draft-tokens", default=None, help="comma-separated draft lengths (default: 2,3,4,5)")
-    engine_eval.add_argument("--draft-p-min", dest="p_mins", default=None,
+    engine_eval.add_argument("--draft-tokens", default=None, metavar="N[,N...]",
+                             help="comma-separated draft lengths (default: 2,3,4,5)")
+    engine_eval.add_argument("--draft-p-min", dest="p_mins", default=None, metavar="P[,P...]",
                              help="comma-separated confidence floors: llama.cpp stops a draft at a token the drafter "
                                   "gives less than this probability (default: 0, always the full length)")
     engine_eval.add_argument("--no-ngram", dest="ngram", action="store_const", const=False, default=None,

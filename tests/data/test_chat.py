@@ -4,7 +4,14 @@ import pytest
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.data.chat import (
-    build_row, end_of_turn_id, next_turn_ids, render_ids, show_mask, start_chat, stop_token_ids, user_turn_prefix,
+    build_row,
+    end_of_turn_id,
+    next_turn_ids,
+    render_ids,
+    show_mask,
+    start_chat,
+    stop_token_ids,
+    user_turn_prefix,
 )
 from tests.fixtures import make_tokenizer
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from draftheads.core.errors import DraftheadsError
-from draftheads.recipe import recipe_from_dict
 from draftheads.data import batch_generate, datagen, datastore
 from draftheads.data.batch_generate import generate_batch
 from draftheads.data.chat import render_ids, stop_token_ids
+from draftheads.recipe import recipe_from_dict
 from tests.fixtures import make_target, make_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]

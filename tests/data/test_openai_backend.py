@@ -12,8 +12,8 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.data import datagen, openai_backend
 from draftheads.data.batch_generate import generate_batch
 from draftheads.data.chat import build_row, encode, render_ids, stop_token_ids
-from tests.fixtures import make_target, make_tokenizer
 from tests.data.test_datagen import load, make_recipe, prompt_file
+from tests.fixtures import make_target, make_tokenizer
 
 
 @pytest.fixture(autouse=True)

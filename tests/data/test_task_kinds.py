@@ -153,9 +153,9 @@ def test_every_kind_is_known_and_weighted_in_the_default():
 
 def test_a_recipe_without_kinds_keeps_its_data_folders_identity():
     """kinds and passage_tokens were added after data folders existed: unset, they leave the recipe hash alone."""
-    from draftheads.recipe import load_recipe
-    from draftheads.data.datastore import recipe_hash, settings_hash
     from draftheads.core.config import to_dict
+    from draftheads.data.datastore import recipe_hash, settings_hash
+    from draftheads.recipe import load_recipe
 
     recipe = load_recipe("eagle-smollm2")
     data = to_dict(recipe.data)

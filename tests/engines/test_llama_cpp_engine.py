@@ -57,10 +57,11 @@ def trained(tmp_path_factory):
 
 def test_llama_cpp_runs_our_eagle3_drafter_losslessly_and_accepts_its_drafts(engine, trained, tmp_path):
     from draftheads.evaluation.engine_eval import run_engine_eval
+    from draftheads.evaluation.eval_config import EngineEvalConfig
 
     target, prompts, run = trained
-    folder = run_engine_eval([str(run)], prompts=str(prompts), max_new_tokens=64, draft_tokens=[3], ngram=False,
-                             out=str(tmp_path / "eval"), target_model=target)
+    config = EngineEvalConfig(prompts=str(prompts), max_new_tokens=64, draft_tokens=[3], ngram=False)
+    folder = run_engine_eval([str(run)], config, out=str(tmp_path / "eval"), target_model=target)
     report = json.loads((folder / "report.json").read_text())
     rows = {r["kind"]: r for r in report["results"]}
     plain, drafter = rows["plain"], rows["drafter"]

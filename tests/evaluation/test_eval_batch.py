@@ -17,7 +17,8 @@ from draftheads.evaluation.entries import Entry
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
 from draftheads.evaluation.measure import RunConfig, generate_conversations, measure
-from draftheads.evaluation.report import batch_curve, format_batch_table
+from draftheads.evaluation.report import format_batch_table
+from draftheads.evaluation.summary import batch_curve
 from tests.decoding.stubs import RandomDrafter
 from tests.evaluation.test_evaluate import PROMPTS, eagle_run, fixture, md_table, settings  # noqa: F401 (fixture)
 

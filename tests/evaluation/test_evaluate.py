@@ -26,8 +26,9 @@ from draftheads.evaluation.entries import Entry
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
 from draftheads.evaluation.measure import RunConfig, measure, plan_configs, reply_logprob
-from draftheads.evaluation.report import TABLE_COLUMNS, chain_speedup, estimate_alpha, summarise
+from draftheads.evaluation.report import TABLE_COLUMNS
 from draftheads.evaluation.results import build_rows
+from draftheads.evaluation.summary import chain_speedup, estimate_alpha, summarise
 from tests.decoding.stubs import OracleDrafter, RandomDrafter
 from tests.fixtures import make_target, make_tokenizer
 
