@@ -3,6 +3,7 @@ settings, and `draftheads eval` (evaluation/eval_config.py) checks its sampling 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -76,8 +77,7 @@ def decode_settings(target, rule, temperature, top_k, top_p, max_new_tokens, eos
     # children greedy does and emit its argmax: run the greedy rule, which skips warping [nodes, V] and the
     # rule's per-node work, several times cheaper.
     if settings.temperature == 0:
-        settings = DecodeSettings("greedy", 0.0, settings.top_k, settings.top_p, settings.max_new_tokens, settings.eos,
-                                  settings.epsilon, settings.delta)
+        settings = dataclasses.replace(settings, rule="greedy")
     return settings
 
 

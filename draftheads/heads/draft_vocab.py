@@ -29,10 +29,10 @@ IGNORE = -100  # cross_entropy's ignore_index: labels outside the draft vocabula
 
 
 def check_draft_vocab(size: int | None, vocab_size: int) -> None:
-    """head.draft_vocab_size against the target's vocabulary."""
+    """head.draft_vocab_size against the target's vocabulary (None: the full vocabulary)."""
     if size is not None and not 0 < size <= vocab_size:
-        raise DraftheadsError(f"head.draft_vocab_size {size} must be between 1 and the target vocabulary "
-                              f"({vocab_size})")
+        raise DraftheadsError(f"head.draft_vocab_size must be between 1 and the target vocabulary ({vocab_size}), "
+                              f"got {size}")
 
 
 def ids(d2t: torch.Tensor) -> torch.Tensor:
@@ -76,9 +76,7 @@ class DraftVocabulary:
     restricted = True
 
     def __init__(self, owner: nn.Module, size: int, vocab_size: int):
-        if not 0 < size <= vocab_size:
-            raise DraftheadsError(f"head.draft_vocab_size must be between 1 and the target vocabulary ({vocab_size}), "
-                                  f"got {size}")
+        check_draft_vocab(size, vocab_size)
         owner.register_buffer("d2t", torch.zeros(size, dtype=torch.long))
         owner.register_buffer("t2d", torch.arange(vocab_size) < size)
         self._owner, self.size, self.vocab_size = owner, size, vocab_size
