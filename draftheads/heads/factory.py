@@ -4,7 +4,8 @@
     drafter = bound_drafter(config, target)                    # resolved, bound, on the target's device and dtype
     drafter = new_drafter(config, target.config)               # resolved, unbound: shapes only (export checks)
 
-A head's `type` picks its config class and its module (`KINDS`): medusa, medusa2, eagle (EAGLE-1/2), eagle3, mtp.
+A head's `type` picks its config class and its module (`KINDS`): medusa, medusa2, eagle (EAGLE-1/2), eagle3, mtp,
+dflash (block-parallel).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from draftheads.core.drafter import TrainableDrafter
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims
 from draftheads.heads.common import place_like
+from draftheads.heads.dflash import DFlashConfig, DFlashDrafter
 from draftheads.heads.eagle import EagleConfig, EagleDrafter
 from draftheads.heads.eagle3 import Eagle3Config, Eagle3Drafter
 from draftheads.heads.medusa import MedusaConfig, MedusaDrafter
@@ -24,8 +26,9 @@ from draftheads.heads.medusa2 import Medusa2Config, Medusa2Drafter
 from draftheads.heads.mtp import MTPConfig, MTPDrafter
 
 KINDS = {"medusa": (MedusaConfig, MedusaDrafter), "medusa2": (Medusa2Config, Medusa2Drafter),
-         "eagle": (EagleConfig, EagleDrafter), "eagle3": (Eagle3Config, Eagle3Drafter), "mtp": (MTPConfig, MTPDrafter)}
-HeadConfig = MedusaConfig | Medusa2Config | EagleConfig | Eagle3Config | MTPConfig
+         "eagle": (EagleConfig, EagleDrafter), "eagle3": (Eagle3Config, Eagle3Drafter), "mtp": (MTPConfig, MTPDrafter),
+         "dflash": (DFlashConfig, DFlashDrafter)}
+HeadConfig = MedusaConfig | Medusa2Config | EagleConfig | Eagle3Config | MTPConfig | DFlashConfig
 
 # Before EAGLE-3 and Medusa-2 were kinds of their own they were flags of EAGLE's and Medusa's configs; a head
 # written that way (an older recipe or drafter folder) is read as its kind. Settings the kind does not have (the
@@ -33,7 +36,7 @@ HeadConfig = MedusaConfig | Medusa2Config | EagleConfig | Eagle3Config | MTPConf
 FLAGS = {("eagle", "eagle3"): "eagle3", ("medusa", "medusa2"): "medusa2"}
 OTHER_VARIANT = {"eagle": ("feature_layers", "draft_layer"), "eagle3": ("feature_loss_weight", "token_loss_weight"),
                  "medusa": ("medusa2_loss", "medusa2_head_weight", "lora_r", "lora_alpha", "lora_dropout",
-                            "lora_target_modules"), "medusa2": ()}
+                            "lora_target_modules"), "medusa2": (), "dflash": ()}
 RENAMED = {"medusa2_loss": "target_loss", "medusa2_head_weight": "heads_weight"}
 
 

@@ -310,14 +310,28 @@ def two_token_law(model, prompt: torch.Tensor, temperature, top_k, top_p) -> tor
     return first[:, None] * second
 
 
-def test_real_loop_two_token_joint_matches_plain_sampling(temperature=0.8, top_k=6, top_p=0.9):
-    """speculative_generate with a deliberately poor drafter (q unrelated to the target, children sampled from it)
-    emits (y1, y2) with plain sampling's joint law."""
+def block_drafter(model):
+    """A random DFlash drafter for the small target: every depth of a block drafted at once from per-slot q."""
+    import draftheads
+    from tests.heads.batches import perturb
+
+    torch.manual_seed(2)
+    drafter = draftheads.build_drafter("dflash", model, block_size=3, default_tree="static:[(0,), (1,), (0, 0)]")
+    perturb(drafter, scale=0.3)
+    return drafter.eval()
+
+
+@pytest.mark.parametrize("kind", ["random", "dflash"])
+def test_real_loop_two_token_joint_matches_plain_sampling(kind, temperature=0.8, top_k=6, top_p=0.9):
+    """speculative_generate with a deliberately poor drafter (q unrelated to the target, children sampled from it;
+    or an untrained block drafter, whose per-slot q serves every node of a depth) emits (y1, y2) with plain
+    sampling's joint law."""
     from draftheads.decoding.generate import speculative_generate
     from tests.decoding.stubs import RandomDrafter
 
     model, prompt, runs = small_target(), torch.tensor([[2, 5, 7, 3, 9]]), 1200
-    drafter = RandomDrafter(16, sampled=True, tree=Tree.from_paths([(0,), (1,), (0, 0)]))
+    tree = Tree.from_paths([(0,), (1,), (0, 0)])
+    drafter = RandomDrafter(16, sampled=True, tree=tree) if kind == "random" else block_drafter(model)
     counts = torch.zeros(16 * 16)
     accepted = 0
     for seed in range(runs):
@@ -389,7 +403,8 @@ def test_trees_with_gaps_in_sibling_ranks_are_drafted_gap_free():
     assert sampled_tree_law([(0,), (1,)], compact=False) > P_MIN
 
 
-@pytest.mark.parametrize("kind, cfg", [("medusa", {"num_heads": 2}), ("eagle", {}), ("mtp", {"depth": 2})])
+@pytest.mark.parametrize("kind, cfg", [("medusa", {"num_heads": 2}), ("eagle", {}), ("mtp", {"depth": 2}),
+                                       ("dflash", {"block_size": 3})])
 def test_every_drafter_drafts_a_gapped_tree_gap_free_when_sampling(kind, cfg):
     import draftheads
     from tests.fixtures import make_target
@@ -398,8 +413,8 @@ def test_every_drafter_drafts_a_gapped_tree_gap_free_when_sampling(kind, cfg):
     drafter = draftheads.build_drafter(kind, target, **cfg)
     ids = torch.randint(0, target.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        features = target(ids, output_hidden_states=True).hidden_states[-1]
-    drafter.observe(features, ids.roll(-1, dims=1))
+        hidden = target(ids, output_hidden_states=True).hidden_states
+    drafter.observe(torch.cat([hidden[i] for i in drafter.feature_layers], -1), ids.roll(-1, dims=1))
     gapped = Tree.from_paths([(0,), (2,), (0, 0), (2, 1)])
     sampled = drafter.propose(gapped, temperature=1.0, generator=torch.Generator().manual_seed(1))
     assert sampled.tree.paths == ((0,), (1,), (0, 0), (1, 0)) and sampled.q is not None

@@ -19,13 +19,15 @@ VARIANTS = [
     ("eagle", "eagle", {"ttt_steps": 2}, 2),
     ("eagle3", "eagle3", {"ttt_steps": 3, "draft_vocab_size": 128}, 3),
     ("mtp", "mtp", {"depth": 2}, 2),
+    ("dflash", "dflash", {"block_size": 4, "draft_vocab_size": 128}, 3),
+    ("dflash-kd", "dflash", {"block_size": 3, "num_layers": 2, "loss": "kd"}, 2),
 ]
 CASES = [pytest.param(kind, cfg, depths, id=name) for name, kind, cfg, depths in VARIANTS]
 
 
 def build(kind, target, cfg):
     drafter = draftheads.build_drafter(kind, target, **cfg)
-    if drafter.config.type == "eagle3":  # a draft vocabulary that is not just the first ids
+    if drafter.vocab.restricted:  # a draft vocabulary that is not just the first ids
         counts = torch.randint(0, 100, (target.config.vocab_size,), generator=torch.Generator().manual_seed(0))
         drafter.set_draft_vocab(counts)
     return drafter
