@@ -28,8 +28,14 @@ from draftheads.core.target_dims import target_dims
 from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
 from draftheads.heads.block_drafting import BlockDrafting
 from draftheads.heads.block_layer import BlockLayer, block_layer_config
-from draftheads.heads.block_training import (block_inputs, block_labels, block_loss, block_visible, default_gamma,
-                                             sample_anchors)
+from draftheads.heads.block_training import (
+    block_inputs,
+    block_labels,
+    block_loss,
+    block_visible,
+    default_gamma,
+    sample_anchors,
+)
 from draftheads.heads.common import batch_features, bind_frozen
 from draftheads.heads.draft_tree import Sampling
 from draftheads.heads.draft_vocab import check_draft_vocab, vocabulary
@@ -105,7 +111,7 @@ def default_target_layers(num_target_layers: int, count: int) -> list[int]:
     if count == 1:
         return [num_target_layers // 2]
     start, end = 1, max(num_target_layers - 3, 2)
-    layers = sorted({int(round(start + i * (end - start) / (count - 1))) for i in range(count)})
+    layers = sorted({round(start + i * (end - start) / (count - 1)) for i in range(count)})
     return [min(layer, num_target_layers - 1) for layer in layers]
 
 
@@ -127,7 +133,8 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = Qwen3RMSNorm(hidden, eps=layer_config.rms_norm_eps)
         self.norm = Qwen3RMSNorm(hidden, eps=layer_config.rms_norm_eps)
         # the target's hidden_states[l + 1] is the output of layer l; KD also reads the last one (the lm_head input)
-        self.feature_layers = tuple(layer + 1 for layer in config.target_layers) + ((-1,) if config.loss == "kd" else ())
+        last = (-1,) if config.loss == "kd" else ()
+        self.feature_layers = tuple(layer + 1 for layer in config.target_layers) + last
         self.vocab = vocabulary(self, config.draft_vocab_size, dims.vocab_size)
         self.default_tree = parse_tree(config.default_tree)
         self.files = WeightsOnly(self)

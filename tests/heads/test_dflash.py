@@ -7,8 +7,7 @@ import torch
 import draftheads
 from draftheads.core.errors import DraftheadsError
 from draftheads.decoding.generate import speculative_generate
-from draftheads.heads.block_training import (block_inputs, block_labels, block_visible, sample_anchors,
-                                             slot_weights)
+from draftheads.heads.block_training import block_inputs, block_labels, block_visible, sample_anchors, slot_weights
 from draftheads.heads.dflash import default_target_layers
 from tests.fixtures import make_target
 from tests.heads.batches import perturb, target_features, train_steps
@@ -80,7 +79,7 @@ def test_packed_samples_train_like_each_sample_alone(target):
         sample, at = (first, a) if a < 7 else (second, a - 7)
         torch.testing.assert_close(out[0, i, 1:], drafting_output(drafter, target, sample, at), atol=2e-5,
                                    rtol=1e-4)
-    labels, counted = block_labels(batch, anchor, valid, BLOCK)
+    _, counted = block_labels(batch, anchor, valid, BLOCK)
     last_of_first = anchor[0] == 5   # x_6 is the first sample's last token: slots 2.. would cross into the second
     assert counted[0, last_of_first, 1].all() and not counted[0, last_of_first, 2:].any()
 

@@ -24,6 +24,7 @@ HEADS = {
     "medusa": {"type": "medusa", "num_heads": 2},
     "eagle": {"type": "eagle", "input_noise": 0.2},  # noise from the global RNG, like the double
     "mtp": {"type": "mtp", "depth": 2},
+    "dflash": {"type": "dflash", "block_size": 4},  # anchors drawn from the global RNG each step
 }
 
 

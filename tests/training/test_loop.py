@@ -32,6 +32,8 @@ HEADS = {
     "eagle3": {"type": "eagle3", "ttt_steps": 2, "draft_vocab_size": 128},
     "mtp": {"type": "mtp", "depth": 2},
     "mtp-vocab": {"type": "mtp", "depth": 2, "draft_vocab_size": 128},
+    "dflash": {"type": "dflash", "block_size": 4, "draft_vocab_size": 128},
+    "dflash-kd": {"type": "dflash", "block_size": 3, "loss": "kd"},
 }
 
 
