@@ -6,7 +6,7 @@ A foreign folder goes: which layout (detect) -> head config (structure from the 
 settings from draftheads_export.json when we wrote it) -> tensors renamed to native names (the
 engine module's reader) -> a drafter built for `target` (heads/factory.py), loaded strictly, bound.
 Layouts read: vLLM / TGI / Medusa v0.1 Medusa, vLLM / SGLang / reference EAGLE-1/2, vLLM /
-SGLang LlamaForCausalLMEagle3 and speculators EAGLE-3.
+SGLang LlamaForCausalLMEagle3, speculators EAGLE-3 and the z-lab DFlash layout (vLLM, SGLang).
 """
 
 from __future__ import annotations
@@ -20,12 +20,15 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.heads.common import place_like
 from draftheads.heads.factory import head_config, new_drafter, upgrade_head
 from draftheads.interop import tgi, vllm
+from draftheads.interop.dflash_layout import ARCHITECTURE as DFLASH_ARCHITECTURE
+from draftheads.interop.dflash_layout import read_dflash
 from draftheads.interop.eagle_layout import EAGLE3_ARCHS, EAGLE_ARCHS, eagle_from_engine, read_eagle3
 from draftheads.interop.native import FORMAT, PROVENANCE, load_native, read_config, read_weights, resolve_drafter_folder
 
 # what a folder's own tensors and config say of the head, beside which a provenance record's settings are not read
 STRUCTURE = {"medusa": ("type", "num_heads", "num_layers", "lm_head", "draft_vocab_size"),
-             "eagle": ("type", "draft_vocab_size"), "eagle3": ("type", "feature_layers", "draft_vocab_size")}
+             "eagle": ("type", "draft_vocab_size"), "eagle3": ("type", "feature_layers", "draft_vocab_size"),
+             "dflash": ("type", "block_size", "num_layers", "target_layers", "mask_token_id", "draft_vocab_size")}
 
 
 def load_drafter(path, target):
@@ -48,6 +51,8 @@ def import_drafter(folder: Path, config: dict, target):
         head, state = tgi.read_medusa(config, tensors)
     elif layout == "eagle3":
         head, state = read_eagle3(config, tensors, target)
+    elif layout == "dflash":
+        head, state = read_dflash(config, tensors, target)
     else:
         head, state = {"type": "eagle"}, tensors
     drafter = new_drafter(head_config(with_saved_settings(folder, head)), target.config)
@@ -71,11 +76,13 @@ def detect(folder: Path, config: dict) -> str:
         return "medusa-vllm"
     if any(a in EAGLE3_ARCHS for a in archs):
         return "eagle3"
+    if DFLASH_ARCHITECTURE in archs:
+        return "dflash"
     if any(a in EAGLE_ARCHS for a in archs) or has_eagle_tensors(folder):
         return "eagle"
     raise DraftheadsError(
         f"'{folder}' is neither a draftheads drafter nor a layout we read "
-        "(vLLM/SGLang/TGI/speculators Medusa, EAGLE, EAGLE-3)"
+        "(vLLM/SGLang/TGI/speculators Medusa, EAGLE, EAGLE-3; vLLM/SGLang DFlash)"
     )
 
 

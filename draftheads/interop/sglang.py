@@ -1,11 +1,13 @@
-"""SGLang: EAGLE-1 (`LlamaForCausalLMEagle` / `Qwen2ForCausalLMEagle`) and EAGLE-3
-(`LlamaForCausalLMEagle3`) folders. Tensor names are the public EAGLE layout's
-(interop/eagle_layout.py), which also reads SGLang's folders back.
+"""SGLang: EAGLE-1 (`LlamaForCausalLMEagle` / `Qwen2ForCausalLMEagle`), EAGLE-3 (`LlamaForCausalLMEagle3`) and
+DFlash (`DFlashDraftModel`) folders. EAGLE tensor names are the public EAGLE layout's (interop/eagle_layout.py),
+DFlash's z-lab's (interop/dflash_layout.py); both modules also read SGLang's folders back.
 """
 
 from __future__ import annotations
 
 from draftheads.core.errors import DraftheadsError
+from draftheads.interop.dflash_layout import ARCHITECTURE as DFLASH_ARCHITECTURE
+from draftheads.interop.dflash_layout import dflash_config, dflash_tensors, dflash_to_engine
 from draftheads.interop.eagle_layout import (
     eagle3_fields,
     eagle3_tensors,
@@ -61,6 +63,31 @@ LAYOUTS = (
             "weights whose names match nothing are skipped silently; d2t offsets become hot_token_id",
         ),
     ),
+    Layout(
+        format="sglang", kind="dflash", engine="SGLang (DFlashDraftModel, --speculative-algorithm DFLASH)",
+        weights_file="model.safetensors",
+        architectures=(DFLASH_ARCHITECTURE,),
+        config={
+            "model_type": "qwen3", "num_hidden_layers": "L (draft layers)",
+            "block_size": "B (dflash_config.block_size first, then the top level; default 16)",
+            "dflash_config": "{mask_token_id, target_layer_ids: target layer OUTPUTS, block_size, num_target_layers}",
+            "layer_types": "['full_attention'] * L: bidirectional (encoder-only) attention within the block",
+            "hidden_act": "silu (anything else raises)", "(rest)": "the target's attention/MLP/rope/norm fields",
+        },
+        tensors=dflash_tensors(own_lm_head=False),
+        read_from=(
+            LoaderFile(SGLANG, "python/sglang/srt/models/dflash.py", "003b23d7388eabdfbfecd2610c7e228f9f6a2734"),
+            LoaderFile(SGLANG, "python/sglang/srt/speculative/dflash_utils.py", "parse_dflash_draft_config"),
+        ),
+        traps=(
+            "block_size missing: 16, whatever the drafter was trained for",
+            "mask_token_id missing: the token '<|MASK|>' is looked up in the tokenizer instead",
+            "target_layer_ids missing: z-lab's spread for num_target_layers, silently",
+            "no embedding or lm_head of its own: the target's, over the whole vocabulary (a drafter trained with a "
+            "draft vocabulary, the target lm_head's rows for it, drafts over every token there, as EAGLE-1/2 does)",
+            "weights whose names match nothing are ignored without a warning",
+        ),
+    ),
 )
 
 
@@ -86,8 +113,13 @@ def write_eagle3(s: SavedDrafter):
 
 
 def refusal(saved: SavedDrafter) -> str | None:
-    """SGLang loads both layouts for the families each lists (attention biases are refused by the writer)."""
+    """SGLang loads its layouts for the families each lists (EAGLE attention biases are refused by the writer)."""
     return None
 
 
-WRITERS = {"eagle": write_eagle, "eagle3": write_eagle3}
+def write_dflash(s: SavedDrafter):
+    """DFlashDraftModel: the z-lab names, no vocabulary tensors (SGLang drafts through the target's lm_head)."""
+    return dflash_to_engine(s, own_lm_head=False), dflash_config(s, own_lm_head=False), "model.safetensors"
+
+
+WRITERS = {"eagle": write_eagle, "eagle3": write_eagle3, "dflash": write_dflash}

@@ -1,5 +1,5 @@
-"""vLLM: Medusa (`MedusaModel`), EAGLE-1 (`EagleLlamaForCausalLM`) and EAGLE-3
-(`LlamaForCausalLMEagle3`) folders, written and (Medusa) read back.
+"""vLLM: Medusa (`MedusaModel`), EAGLE-1 (`EagleLlamaForCausalLM`), EAGLE-3 (`LlamaForCausalLMEagle3`) and DFlash
+(`DFlashDraftModel`, interop/dflash_layout.py) folders, written and (Medusa) read back.
 
 Writers take a SavedDrafter (interop/native.py) and return (tensors, config.json, weights file).
 EAGLE tensor names are the public EAGLE layout's (interop/eagle_layout.py); EAGLE folders of any
@@ -15,6 +15,8 @@ import torch
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims
 from draftheads.heads import draft_vocab
+from draftheads.interop.dflash_layout import ARCHITECTURE as DFLASH_ARCHITECTURE
+from draftheads.interop.dflash_layout import dflash_config, dflash_tensors, dflash_to_engine
 from draftheads.interop.eagle_layout import (
     eagle3_fields,
     eagle3_tensors,
@@ -104,6 +106,35 @@ LAYOUTS = (
             "aux ids are taken BEFORE layer id runs (input of layer id = output of layer id-1); default (2, N//2, N-3)",
             "d2t holds offsets: target_id = draft_id + d2t[draft_id]; t2d is skipped",
             "midlayer.* is renamed to layers.0.*",
+        ),
+    ),
+    Layout(
+        format="vllm", kind="dflash", engine="vLLM (DFlashQwen3ForCausalLM, speculative method dflash)",
+        weights_file="model.safetensors",
+        architectures=(DFLASH_ARCHITECTURE,),
+        config={
+            "model_type": "qwen3", "num_hidden_layers": "L (draft layers)", "block_size": "B",
+            "dflash_config": "{mask_token_id, target_layer_ids: target layer OUTPUTS (vLLM adds 1), block_size, "
+                             "num_target_layers}",
+            "layer_types": "['full_attention'] * L: bidirectional within the block",
+            "draft_vocab_size": "Vd, only with a draft vocabulary", "tie_word_embeddings": "false",
+            "(rest)": "the target's attention/MLP/rope/norm fields",
+        },
+        tensors=dflash_tensors(own_lm_head=True),
+        read_from=(
+            LoaderFile(VLLM, "vllm/model_executor/models/qwen3_dflash.py", "036a00d1f5d00d449d02dce9babdd15a5b4d06c9"),
+            LoaderFile(VLLM, "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py",
+                       "0cfdd2e15d6991f354c6e22fd7f7e7577afe0424"),
+        ),
+        traps=(
+            "eagle_aux_hidden_state_layer_ids, when present, wins over dflash_config.target_layer_ids (and is in the "
+            "other numbering): it is not written",
+            "without target_layer_ids the aux layers fall back to a spread of vLLM's choosing, silently",
+            "rope_parameters missing: rope theta defaults to 1e6",
+            "a sliding_attention layer type makes that layer causal; dflash_config.causal overrides every layer",
+            "draft_vocab_size < the target's: its own lm_head [Vd, H] and d2t (renamed draft_id_to_target_id) are "
+            "read from the folder; t2d is skipped",
+            "no embed_tokens: the target's embedding (mask slots embed mask_token_id's row)",
         ),
     ),
 )
@@ -216,9 +247,14 @@ def write_eagle3(s: SavedDrafter):
     return eagle3_to_engine(s.state, "midlayer."), config, "model.safetensors"
 
 
+def write_dflash(s: SavedDrafter):
+    """DFlashDraftModel: the z-lab names; with a draft vocabulary its lm_head rows and d2t."""
+    return dflash_to_engine(s, own_lm_head=True), dflash_config(s, own_lm_head=True), "model.safetensors"
+
+
 def refusal(saved: SavedDrafter) -> str | None:
     """vLLM loads every layout listed here for the families each lists."""
     return None
 
 
-WRITERS = {"medusa": write_medusa, "eagle": write_eagle, "eagle3": write_eagle3}
+WRITERS = {"medusa": write_medusa, "eagle": write_eagle, "eagle3": write_eagle3, "dflash": write_dflash}

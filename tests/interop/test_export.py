@@ -41,6 +41,8 @@ HEADS = {
     "eagle": ("eagle", {}),
     "eagle3": ("eagle3", {"draft_vocab_size": VD}),                  # the Llama draft layer (default)
     "eagle3-own": ("eagle3", {"draft_vocab_size": VD, "draft_layer": "target"}),   # the target's class
+    "dflash": ("dflash", {"block_size": 4, "num_layers": 2}),
+    "dflash-vocab": ("dflash", {"draft_vocab_size": VD}),
 }
 # Which engine formats each head type may go to, per target family (everything else is refused).
 ALLOWED = {
@@ -55,6 +57,10 @@ ALLOWED = {
     "eagle3-own": {"llama": ("vllm", "sglang", "speculators", "llama.cpp"),
                    "mistral": ("vllm", "sglang", "speculators", "llama.cpp"),
                    "qwen2": (), "qwen3": ("speculators",), "gemma": ()},
+    # the z-lab layout: Qwen3-style layers of the target's sizes, whatever the target; SGLang drafts over the whole
+    # vocabulary (the target lm_head's rows are the weights either way)
+    "dflash": {f: ("vllm", "sglang") for f in FAMILIES},
+    "dflash-vocab": {f: ("vllm", "sglang") for f in FAMILIES},
 }
 ENGINE_FORMATS = ("vllm", "sglang", "tgi", "speculators", "deepseek-mtp", "llama.cpp")
 
@@ -88,7 +94,7 @@ def natives(targets, tmp_path_factory):
             with torch.no_grad():  # zero-initialised blocks would hide swapped or dropped tensors
                 for p in drafter.parameters():
                     p.add_(torch.randn_like(p) * 0.05)
-            if head.startswith("eagle3"):
+            if head.startswith("eagle3") or head == "dflash-vocab":
                 # keeps the noisy lm_head: no restart from the target
                 drafter.vocab.choose(torch.randint(0, 1000, (V,)))
             folder = save_drafter(drafter, tmp_path_factory.mktemp(f"{family}-{head}") / "native", target=target)
@@ -121,8 +127,9 @@ def drafts(drafter, observed, seed=None):
 
 
 # llama.cpp's GGUF is not read back here: tests/interop/test_llama_cpp.py and the engine itself check it
+# (SGLang's DFlash drafts over the whole vocabulary: test_dflash_draft_vocabulary_stays_with_vllm)
 CASES = [(family, head, fmt) for head, per in ALLOWED.items() for family, fmts in per.items() for fmt in fmts
-         if fmt != "llama.cpp"]
+         if fmt != "llama.cpp" and (head, fmt) != ("dflash-vocab", "sglang")]
 
 
 @pytest.mark.parametrize("family,head,fmt", CASES, ids=["-".join(c) for c in CASES])
@@ -239,6 +246,34 @@ EXPECTED = {
                                  LLAMA_LAYER[fmt])
        for fmt in LLAMA_LAYER for family in ("qwen2", "qwen3", "mistral", "gemma")},
 }
+
+
+def dflash_keys(layers: int, context_layers: int, vocab: bool = False) -> dict:
+    keys = {"fc.weight": (H, context_layers * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
+    for l in range(layers):
+        keys.update(layer_keys(f"layers.{l}.", H, qk_norm=True))
+        keys[f"layers.{l}.input_layernorm.weight"] = (H,)
+    return {**keys, "lm_head.weight": (VD, H), "d2t": (VD,)} if vocab else keys
+
+
+# 4-layer target: two draft layers read layers 1 and 2, one reads the middle layer 2 (z-lab's choice)
+DFLASH_CONFIG = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_act": "silu", "head_dim": D,
+                 "tie_word_embeddings": False, "attention_bias": False}
+EXPECTED.update({
+    ("vllm", "dflash", "llama"): ("model.safetensors", dflash_keys(2, 2), {
+        **DFLASH_CONFIG, "num_hidden_layers": 2, "block_size": 4, "layer_types": ["full_attention"] * 2,
+        "dflash_config": {"mask_token_id": V - 1, "target_layer_ids": [1, 2], "block_size": 4,
+                          "num_target_layers": 4}}),
+    ("sglang", "dflash", "qwen3"): ("model.safetensors", dflash_keys(2, 2), {
+        **DFLASH_CONFIG, "num_hidden_layers": 2, "block_size": 4,
+        "dflash_config": {"mask_token_id": V - 1, "target_layer_ids": [1, 2], "block_size": 4,
+                          "num_target_layers": 4}}),
+    ("vllm", "dflash-vocab", "gemma"): ("model.safetensors", dflash_keys(1, 1, vocab=True), {
+        **DFLASH_CONFIG, "num_hidden_layers": 1, "block_size": 8, "draft_vocab_size": VD,
+        "dflash_config": {"mask_token_id": V - 1, "target_layer_ids": [2], "block_size": 8, "num_target_layers": 4}}),
+    ("sglang", "dflash-vocab", "llama"): ("model.safetensors", dflash_keys(1, 1), {
+        **DFLASH_CONFIG, "num_hidden_layers": 1, "block_size": 8}),
+})
 DTYPES = {"d2t": torch.int64, "t2d": torch.bool, "token_map": torch.int64}
 
 
@@ -277,6 +312,14 @@ def check_loader_traps(fmt, head, config):
 
         parsed = AutoConfig.for_model(**config)  # the engines build a transformers config from it
         assert parsed.num_hidden_layers == 1 and parsed.hidden_size == H and parsed.head_dim == D
+    if head.startswith("dflash"):
+        from transformers import AutoConfig
+
+        parsed = AutoConfig.for_model(**config)  # both engines read it as a Qwen3 config
+        assert parsed.hidden_size == H and parsed.head_dim == D and parsed.rope_parameters["rope_theta"] > 0
+        assert "eagle_aux_hidden_state_layer_ids" not in config  # vLLM would read it first, in its other numbering
+        assert set(config["dflash_config"]) == {"mask_token_id", "target_layer_ids", "block_size", "num_target_layers"}
+        assert ("draft_vocab_size" in config) == (fmt == "vllm" and head == "dflash-vocab")
     if fmt == "speculators":
         spec = config["speculators_config"]
         assert spec["proposal_methods"][0]["speculative_tokens"] >= 1
@@ -397,6 +440,73 @@ def test_eagle3_norms_map_to_the_engine_roles(targets, natives, tmp_path):
     torch.testing.assert_close(logits, ours, rtol=1e-4, atol=1e-4)
     # d2t holds offsets: draft id i is target token i + d2t[i], and t2d marks exactly those tokens
     assert torch.equal((torch.arange(VD) + t["d2t"]).sort().values, t["t2d"].nonzero().flatten())
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "sglang"])
+def test_dflash_block_from_exported_tensors(fmt, targets, natives, tmp_path):
+    """The engines' DFlash forward: context = hidden_norm(fc(features)); per layer the block's queries (q_norm, RoPE)
+    attend, with no mask, to k/v of the un-normed context and of input_layernorm(block) (k_norm, RoPE at absolute
+    positions); residual, SwiGLU; norm; the target's lm_head (vLLM with a draft vocabulary: its rows, d2t)."""
+    family = "qwen3"
+    target = targets[family]
+    drafter, native = natives(family, "dflash")
+    t = load_file(str(export_drafter(native, fmt, tmp_path / fmt) / "model.safetensors"))
+    config = json.loads((tmp_path / fmt / "config.json").read_text())
+    block, layers = config["block_size"], config["num_hidden_layers"]
+    ids = PROMPT[:, :6]
+    with torch.no_grad():
+        hidden = target(ids, output_hidden_states=True).hidden_states
+    features = torch.cat([hidden[i + 1] for i in config["dflash_config"]["target_layer_ids"]], -1)
+    context = rms(F.linear(features, t["fc.weight"]), t["hidden_norm.weight"])
+    pending = torch.tensor([[7]])
+    tokens = torch.cat([pending, torch.full((1, block - 1), config["dflash_config"]["mask_token_id"])], 1)
+    x = target.get_input_embeddings()(tokens)
+    n, c = block, ids.shape[1]
+    cos, sin = target.model.rotary_emb(x, torch.arange(c + n)[None])
+
+    def rotate(y, at):
+        half = y.shape[-1] // 2
+        return y * cos[:, None, at] + torch.cat([-y[..., half:], y[..., :half]], -1) * sin[:, None, at]
+
+    def heads(y, count, weight, norm=None):
+        y = F.linear(y, weight).view(1, y.shape[1], count, D)
+        return (rms(y, norm) if norm is not None else y).transpose(1, 2)
+
+    for l in range(layers):
+        p = f"layers.{l}."
+        normed = rms(x, t[p + "input_layernorm.weight"])
+        q = rotate(heads(normed, 4, t[p + "self_attn.q_proj.weight"], t[p + "self_attn.q_norm.weight"]), slice(c, None))
+        kv_in = torch.cat([context, normed], 1)
+        k = rotate(heads(kv_in, 2, t[p + "self_attn.k_proj.weight"], t[p + "self_attn.k_norm.weight"]), slice(None))
+        v = heads(kv_in, 2, t[p + "self_attn.v_proj.weight"])
+        attn = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
+        x = x + F.linear(attn.transpose(1, 2).reshape(1, n, Q), t[p + "self_attn.o_proj.weight"])
+        m = rms(x, t[p + "post_attention_layernorm.weight"])
+        x = x + F.linear(F.silu(F.linear(m, t[p + "mlp.gate_proj.weight"])) * F.linear(m, t[p + "mlp.up_proj.weight"]),
+                         t[p + "mlp.down_proj.weight"])
+    logits = target.get_output_embeddings()(rms(x, t["norm.weight"]))[:, 1:]
+    drafter.reset()
+    drafter.observe(features, torch.cat([ids[:, 1:], pending], 1))
+    state = drafter._drafting
+    with torch.no_grad():
+        ours = drafter.vocab_logits(drafter.run_block(state.root_token, state.committed, state.context))
+    torch.testing.assert_close(logits, ours, rtol=1e-4, atol=1e-4)
+
+
+def test_dflash_draft_vocabulary_stays_with_vllm(targets, natives, tmp_path):
+    """vLLM gets the draft vocabulary's lm_head rows and d2t and drafts what we draft; SGLang, whose DFlash has no
+    lm_head of its own, gets the same layers and drafts over the whole vocabulary."""
+    target = targets["llama"]
+    drafter, native = natives("llama", "dflash-vocab")
+    vllm_folder = export_drafter(native, "vllm", tmp_path / "vllm")
+    t = load_file(str(vllm_folder / "model.safetensors"))
+    rows = target.get_output_embeddings().weight[torch.arange(VD) + t["d2t"]]
+    assert torch.equal(t["lm_head.weight"], rows)
+    assert load_drafter(vllm_folder, target).config == drafter.config
+    loaded = load_drafter(export_drafter(native, "sglang", tmp_path / "sglang"), target)
+    assert loaded.config.draft_vocab_size is None
+    for key, value in loaded.state_dict().items():
+        torch.testing.assert_close(value, drafter.state_dict()[key], rtol=0, atol=0, msg=key)
 
 
 # ---- refusals ----------------------------------------------------------------------------------
