@@ -30,11 +30,13 @@ KINDS = {
     "eagle": lambda model: draftheads.build_drafter("eagle", model, draft_vocab_size=128),
     "eagle3": lambda model: draftheads.build_drafter("eagle3", model, draft_vocab_size=128),
     "mtp": lambda model: draftheads.build_drafter("mtp", model, depth=3),
+    "dflash": lambda model: draftheads.build_drafter("dflash", model, block_size=4),
     "lookup": lambda model: PromptLookupDrafter(),
     "combined": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model)),
     "switch": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model), switch=True),
     "gate": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model),
                                           gate=LearnedGate(GateCosts(0.3, 0.3))),
+    "combined-dflash": lambda model: CombinedDrafter(draftheads.build_drafter("dflash", model, block_size=4)),
 }
 TREES = {"chain": "chain:3", "static": STATIC, "dynamic": "dynamic:3,3,8"}
 STATIC_ONLY = {"medusa", "lookup"}
