@@ -1,0 +1,75 @@
+"""DFlash (block-parallel) beside EAGLE-3 at equal data and training minutes, and DFlash's block-size sweep.
+
+    .venv/bin/python benchmarks/block_parallel.py                              # demo data, 10 minutes each
+    .venv/bin/python benchmarks/block_parallel.py --data data/smollm2-self --minutes 35 --blocks 8
+    .venv/bin/python benchmarks/block_parallel.py --prompts tasks --limit 16 --tree auto
+
+Trains (or resumes, when a run folder holds a finished run of the same settings) one EAGLE-3 drafter (ttt 3, the
+eagle3-smollm2 head) and one DFlash drafter per block size on the same target-generated data folder, each for the same
+CPU minutes at a constant learning rate after warm-up, then evaluates all of them in one `draftheads eval` run
+(timings interleaved: each prompt is decoded by every configuration before the next prompt), beside prompt lookup and
+each learned drafter combined with it. Prints tau, drafting and verify cost and speedup per drafter. The data folder
+must exist (`draftheads data demo-smollm2 data.output=data/demo-self` makes the default one, ~10 minutes). Run it with
+nothing else heavy on the machine: two cores are easily shared away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import yaml
+
+from draftheads.evaluation.eval_config import EvalConfig
+from draftheads.evaluation.evaluate import run_eval
+from draftheads.recipe import load_recipe, recipe_from_dict
+from draftheads.training.loop import run_training
+
+EAGLE3 = {"type": "eagle3", "ttt_steps": 3, "draft_vocab_size": 8192, "default_tree": "dynamic:6,5,24"}
+
+
+def dflash(block: int) -> dict:
+    return {"type": "dflash", "block_size": block, "num_layers": 2, "target_layers": [1, 14, 27],
+            "draft_vocab_size": 8192, "anchors": 32}
+
+
+def train(name: str, head: dict, data: dict, minutes: float, runs: Path) -> str:
+    recipe = recipe_from_dict({
+        "name": name, "target": {"name": "smollm2-135m", "dtype": "auto"}, "head": head, "data": data,
+        "train": {"output_dir": str(runs / name), "mode": "offline", "max_steps": 1000,
+                  "time_budget_minutes": minutes, "batch_size": 16, "max_length": 512, "lr": 1e-3,
+                  "warmup_steps": 20, "schedule": "constant", "max_grad_norm": 0.5, "eval_every": 100,
+                  "save_every": 100, "keep_last": 1},
+        "log": {"trackers": []},
+    })
+    return str(run_training(recipe))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="data/demo-self", help="a finished `draftheads data` folder")
+    parser.add_argument("--recipe", default="demo-smollm2", help="the recipe whose data section made --data")
+    parser.add_argument("--minutes", type=float, default=10.0, help="training minutes per drafter")
+    parser.add_argument("--blocks", default="8", help="DFlash block sizes, comma-separated (e.g. 4,8,16)")
+    parser.add_argument("--runs", default="runs/bench", help="where the run folders go (kept: reruns resume)")
+    parser.add_argument("--prompts", default="humaneval")
+    parser.add_argument("--limit", type=int, default=10)
+    parser.add_argument("--tree", default=None, help="one tree for every drafter (default: each drafter's own)")
+    parser.add_argument("--out", default=None, help="report folder")
+    args = parser.parse_args()
+    data = dict(yaml.safe_load(yaml.safe_dump(load_recipe(args.recipe).to_dict()["data"])), output=args.data)
+    runs = Path(args.runs)
+    folders = [train("eagle3", EAGLE3, data, args.minutes, runs)]
+    folders += [train(f"dflash-b{b}", dflash(int(b)), data, args.minutes, runs) for b in args.blocks.split(",")]
+    config = EvalConfig(prompts=args.prompts, limit=args.limit, tree=args.tree, combined="graft")
+    report = run_eval(folders, config, out=args.out)
+    rows = json.loads((Path(report) / "report.json").read_text())["results"]
+    print(f"{args.prompts} (first {args.limit}), greedy, {args.minutes:g} training minutes each on {args.data}:")
+    for row in rows:
+        print(f"  {row['drafter']:28s} {row['tree']:22s} tau {row['tau']:.2f}  draft {row['draft_cost'] or 0:.2f}x  "
+              f"verify {row['verify_cost'] or 0:.2f}x  speedup {row['speedup'] or 0:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
