@@ -4,13 +4,13 @@
     .venv/bin/python benchmarks/block_parallel.py --data data/smollm2-self --minutes 35 --blocks 8
     .venv/bin/python benchmarks/block_parallel.py --prompts tasks --limit 16 --tree auto
 
-Trains (or resumes, when a run folder holds a finished run of the same settings) one EAGLE-3 drafter (ttt 3, the
-eagle3-smollm2 head) and one DFlash drafter per block size on the same target-generated data folder, each for the same
-CPU minutes at a constant learning rate after warm-up, then evaluates all of them in one `draftheads eval` run
-(timings interleaved: each prompt is decoded by every configuration before the next prompt), beside prompt lookup and
-each learned drafter combined with it. Prints tau, drafting and verify cost and speedup per drafter. The data folder
-must exist (`draftheads data demo-smollm2 data.output=data/demo-self` makes the default one, ~10 minutes). Run it with
-nothing else heavy on the machine: two cores are easily shared away.
+Trains (or resumes, when a run folder holds a finished run of the same settings) one EAGLE-3 drafter (the
+eagle3-smollm2 head) and one DFlash drafter per block size (the dflash-smollm2 head) on the same target-generated data
+folder, each for the same CPU minutes at a constant learning rate after warm-up, then evaluates all of them in one
+`draftheads eval` run (timings interleaved: each prompt is decoded by every configuration before the next prompt),
+beside prompt lookup and each learned drafter combined with it. Prints tau, drafting and verify cost and speedup per
+drafter. The data folder must exist (`draftheads data demo-smollm2 data.output=data/demo-self` makes the default one,
+~10 minutes). Run it with nothing else heavy on the machine: two cores are easily shared away.
 """
 
 from __future__ import annotations
@@ -19,19 +19,15 @@ import argparse
 import json
 from pathlib import Path
 
-import yaml
-
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
 from draftheads.recipe import load_recipe, recipe_from_dict
 from draftheads.training.loop import run_training
 
-EAGLE3 = {"type": "eagle3", "ttt_steps": 3, "draft_vocab_size": 8192, "default_tree": "dynamic:6,5,24"}
 
-
-def dflash(block: int) -> dict:
-    return {"type": "dflash", "block_size": block, "num_layers": 2, "target_layers": [1, 14, 27],
-            "draft_vocab_size": 8192, "anchors": 32}
+def recipe_section(recipe: str, section: str) -> dict:
+    """One section of a bundled recipe, so the drafters trained here are the ones the recipes train."""
+    return load_recipe(recipe).to_dict()[section]
 
 
 def train(name: str, head: dict, data: dict, minutes: float, runs: Path) -> str:
@@ -58,10 +54,12 @@ def main() -> None:
     parser.add_argument("--tree", default=None, help="one tree for every drafter (default: each drafter's own)")
     parser.add_argument("--out", default=None, help="report folder")
     args = parser.parse_args()
-    data = dict(yaml.safe_load(yaml.safe_dump(load_recipe(args.recipe).to_dict()["data"])), output=args.data)
+    data = {**recipe_section(args.recipe, "data"), "output": args.data}
     runs = Path(args.runs)
-    folders = [train("eagle3", EAGLE3, data, args.minutes, runs)]
-    folders += [train(f"dflash-b{b}", dflash(int(b)), data, args.minutes, runs) for b in args.blocks.split(",")]
+    dflash = recipe_section("dflash-smollm2", "head")
+    folders = [train("eagle3", recipe_section("eagle3-smollm2", "head"), data, args.minutes, runs)]
+    folders += [train(f"dflash-b{b}", {**dflash, "block_size": int(b)}, data, args.minutes, runs)
+                for b in args.blocks.split(",")]
     config = EvalConfig(prompts=args.prompts, limit=args.limit, tree=args.tree, combined="graft")
     report = run_eval(folders, config, out=args.out)
     rows = json.loads((Path(report) / "report.json").read_text())["results"]
