@@ -1,12 +1,12 @@
-"""DFlash (block-parallel) beside EAGLE-3 at equal data and training minutes, and DFlash's block-size sweep.
+"""DFlash and P-EAGLE (block-parallel) beside EAGLE-3 at equal data and training minutes, and DFlash's block sizes.
 
     .venv/bin/python benchmarks/block_parallel.py                              # demo data, 10 minutes each
     .venv/bin/python benchmarks/block_parallel.py --data data/smollm2-self --minutes 35 --blocks 8
     .venv/bin/python benchmarks/block_parallel.py --prompts tasks --limit 16 --tree auto
 
 Trains (or resumes, when a run folder holds a finished run of the same settings) one EAGLE-3 drafter (the
-eagle3-smollm2 head) and one DFlash drafter per block size (the dflash-smollm2 head) on the same target-generated data
-folder, each for the same CPU minutes at a constant learning rate after warm-up, then evaluates all of them in one
+eagle3-smollm2 head), one P-EAGLE drafter (the peagle-smollm2 head) and one DFlash drafter per block size (the
+dflash-smollm2 head) on the same target-generated data folder, each for the same CPU minutes at a constant learning rate after warm-up, then evaluates all of them in one
 `draftheads eval` run (timings interleaved: each prompt is decoded by every configuration before the next prompt),
 beside prompt lookup and each learned drafter combined with it. Prints tau, drafting and verify cost and speedup per
 drafter. The data folder must exist (`draftheads data demo-smollm2 data.output=data/demo-self` makes the default one,
@@ -57,9 +57,10 @@ def main() -> None:
     data = {**recipe_section(args.recipe, "data"), "output": args.data}
     runs = Path(args.runs)
     dflash = recipe_section("dflash-smollm2", "head")
-    folders = [train("eagle3", recipe_section("eagle3-smollm2", "head"), data, args.minutes, runs)]
+    folders = [train(name, recipe_section(f"{name}-smollm2", "head"), data, args.minutes, runs)
+               for name in ("eagle3", "peagle")]
     folders += [train(f"dflash-b{b}", {**dflash, "block_size": int(b)}, data, args.minutes, runs)
-                for b in args.blocks.split(",")]
+                for b in args.blocks.split(",") if b]
     config = EvalConfig(prompts=args.prompts, limit=args.limit, tree=args.tree, combined="graft")
     report = run_eval(folders, config, out=args.out)
     rows = json.loads((Path(report) / "report.json").read_text())["results"]

@@ -51,13 +51,20 @@ class BlockDrafting:
             raise DraftheadsError(f"tree depth {tree.depth} exceeds what a block of {model.config.block_size} drafts "
                                   f"({limit}); use a tree of depth <= {limit} or train a larger head.block_size")
         slots = model.draft_logits(model.run_block(self.root_token, self.committed, self.context))  # [b, B-1, V(d)]
+        return tree_from_slots(tree, self.root_token, slots, sampling, model.vocab)
 
-        def expand(nodes: list[int], parents: list[int], tokens: torch.Tensor) -> torch.Tensor:
-            return slots[:, [node_depth(parents, node) for node in nodes]]
 
-        if isinstance(tree, DynamicTreeSpec):
-            tree, tokens, q = draft_dynamic(tree, self.root_token, expand, sampling, model.vocab)
-        else:
-            tree = tree.compacted() if sampling.sampled else tree  # sampled children: no gaps in sibling ranks
-            tokens, q = draft_static(tree, self.root_token, expand, sampling, model.vocab)
-        return Proposal(tree, tokens, q)
+def tree_from_slots(tree: Tree | DynamicTreeSpec, root_token: torch.Tensor, slots: torch.Tensor, sampling: Sampling,
+                    vocab) -> Proposal:
+    """A static or dynamic tree grown from per-depth logits slots [b, D, V(d)] (slot d - 1 drafts depth d, whatever
+    the node's ancestors): what every drafter that makes all depths in one forward proposes (DFlash, P-EAGLE)."""
+
+    def expand(nodes: list[int], parents: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        return slots[:, [node_depth(parents, node) for node in nodes]]
+
+    if isinstance(tree, DynamicTreeSpec):
+        tree, tokens, q = draft_dynamic(tree, root_token, expand, sampling, vocab)
+    else:
+        tree = tree.compacted() if sampling.sampled else tree  # sampled children: no gaps in sibling ranks
+        tokens, q = draft_static(tree, root_token, expand, sampling, vocab)
+    return Proposal(tree, tokens, q)

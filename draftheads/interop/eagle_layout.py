@@ -170,7 +170,7 @@ def eagle3_from_engine(tensors: dict) -> dict:
             state["embed_norm.weight"] = tensor
         elif layer:
             state["layer." + layer[2]] = tensor
-        elif name in ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"):
+        elif name in ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "mask_hidden"):
             state[name] = tensor
     return state
 
@@ -245,6 +245,23 @@ def read_eagle3(config: dict, tensors: dict, target) -> tuple[dict, dict]:
     if has_own_layer(state):
         head["draft_layer"] = "target"
     return head, state
+
+
+def peagle_tensors(prefix: str) -> tuple[Tensor, ...]:
+    """P-EAGLE: EAGLE-3's tensors and the mask slots' hidden vector, kept before fc as vLLM and speculators do."""
+    return eagle3_tensors(prefix) + (Tensor("mask_hidden", ("1", "1", "3H")),)
+
+
+def read_peagle(config: dict, tensors: dict, target, mask_token_id: int | None) -> tuple[dict, dict]:
+    """(head structure, native state) of a P-EAGLE folder: an EAGLE-3 folder with mask_hidden and a mask token id
+    (`mask_token_id`, found by the engine module that knows where its config keeps it)."""
+    head, state = read_eagle3(config, tensors, target)
+    if "mask_hidden" not in state:
+        raise DraftheadsError("this P-EAGLE folder has no mask_hidden tensor; it cannot be loaded")
+    if mask_token_id is None:
+        raise DraftheadsError("this P-EAGLE folder's config names no mask token (pard_token or mask_token_id)")
+    state["mask_hidden"] = state["mask_hidden"].reshape(1, 1, -1)  # vLLM keeps it [1, 3H]
+    return {**head, "type": "peagle", "mask_token_id": int(mask_token_id)}, state
 
 
 def has_own_layer(state: dict) -> bool:

@@ -42,7 +42,7 @@ FOLDER_FORMATS = ("llama.cpp",)
 DEFAULT_DTYPES = {"llama.cpp": "fp16"}
 FORMATS = ("native", *ENGINES)
 LABELS = {"eagle3": "EAGLE-3", "eagle": "EAGLE", "medusa": "Medusa", "medusa2": "Medusa-2", "mtp": "MTP",
-          "dflash": "DFlash"}
+          "dflash": "DFlash", "peagle": "P-EAGLE"}
 # engine formats that load a head kind in a layout not written yet: what to use instead
 NOT_WRITTEN = {("speculators", "dflash"): "speculators (0.9.0 on) loads DFlash in a format of its own (the target's "
                                           "embedding and lm_head copied in), which is not written yet; vLLM serves "
@@ -111,7 +111,7 @@ def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dty
 def write_mappings(folder: Path, saved: SavedDrafter) -> None:
     """An EAGLE-3 drafter's draft vocabulary also as SpecForge's vocab_mapping.pt and speculators' d2t.npy / t2d.npy,
     for reuse there (and here: train.draft_vocab_from)."""
-    if saved.kind == "eagle3" and "d2t" in saved.state:
+    if saved.kind in ("eagle3", "peagle") and "d2t" in saved.state:
         write_vocab_mappings(folder, saved.state["d2t"], int(saved.config["target"]["vocab_size"]))
 
 
@@ -182,7 +182,7 @@ def refusal(saved: SavedDrafter, fmt: str) -> str | None:
     """Why `saved` cannot be exported as `fmt` (None: it can)."""
     kind = saved.kind
     # EAGLE-3 engines build the drafter's layer class
-    family = saved.layer_family if kind == "eagle3" else saved.family
+    family = saved.layer_family if kind in ("eagle3", "peagle") else saved.family
     if fmt == "native":
         return None
     if kind == "medusa2":
@@ -195,7 +195,7 @@ def refusal(saved: SavedDrafter, fmt: str) -> str | None:
         loads = sorted({LABELS[other.kind] for other in ENGINES[fmt].LAYOUTS if other.kind in LABELS})
         return f"{fmt} has no loader for {LABELS[kind]} drafters (it loads {', '.join(loads)} drafters only)"
     if layout.families and family not in layout.families:
-        if kind == "eagle3":
+        if kind in ("eagle3", "peagle"):
             return (f"{layout.engine} has no EAGLE-3 class for a {family} draft layer (it builds "
                     f"{', '.join(layout.families)} layers); train with head.draft_layer: llama, which every "
                     "engine loads")

@@ -6,7 +6,8 @@ A foreign folder goes: which layout (detect) -> head config (structure from the 
 settings from draftheads_export.json when we wrote it) -> tensors renamed to native names (the
 engine module's reader) -> a drafter built for `target` (heads/factory.py), loaded strictly, bound.
 Layouts read: vLLM / TGI / Medusa v0.1 Medusa, vLLM / SGLang / reference EAGLE-1/2, vLLM /
-SGLang LlamaForCausalLMEagle3, speculators EAGLE-3 and the z-lab DFlash layout (vLLM, SGLang).
+SGLang LlamaForCausalLMEagle3, speculators EAGLE-3, P-EAGLE (vLLM: EAGLE-3 with mask_hidden and pard_token;
+speculators: peagle) and the z-lab DFlash layout (vLLM, SGLang).
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from draftheads.heads.factory import head_config, new_drafter, upgrade_head
 from draftheads.interop import tgi, vllm
 from draftheads.interop.dflash_layout import ARCHITECTURE as DFLASH_ARCHITECTURE
 from draftheads.interop.dflash_layout import read_dflash
-from draftheads.interop.eagle_layout import EAGLE3_ARCHS, EAGLE_ARCHS, eagle_from_engine, read_eagle3
+from draftheads.interop.eagle_layout import EAGLE3_ARCHS, EAGLE_ARCHS, eagle_from_engine, read_eagle3, read_peagle
 from draftheads.interop.native import FORMAT, PROVENANCE, load_native, read_config, read_weights, resolve_drafter_folder
 
 # what a folder's own tensors and config say of the head, beside which a provenance record's settings are not read
 STRUCTURE = {"medusa": ("type", "num_heads", "num_layers", "lm_head", "draft_vocab_size"),
              "eagle": ("type", "draft_vocab_size"), "eagle3": ("type", "feature_layers", "draft_vocab_size"),
-             "dflash": ("type", "block_size", "num_layers", "target_layers", "mask_token_id", "draft_vocab_size")}
+             "dflash": ("type", "block_size", "num_layers", "target_layers", "mask_token_id", "draft_vocab_size"),
+             "peagle": ("type", "feature_layers", "draft_vocab_size", "mask_token_id")}
 
 
 def load_drafter(path, target):
@@ -51,6 +53,10 @@ def import_drafter(folder: Path, config: dict, target):
         head, state = tgi.read_medusa(config, tensors)
     elif layout == "eagle3":
         head, state = read_eagle3(config, tensors, target)
+    elif layout == "peagle":
+        mask = next((config[k] for k in ("mask_token_id", "pard_token", "ptd_token_id") if config.get(k) is not None),
+                    None)  # speculators' name, then the two vLLM reads
+        head, state = read_peagle(config, tensors, target, mask)
     elif layout == "dflash":
         head, state = read_dflash(config, tensors, target)
     else:
@@ -66,16 +72,16 @@ def import_drafter(folder: Path, config: dict, target):
 def detect(folder: Path, config: dict) -> str:
     archs = config.get("architectures") or []
     if "speculators_model_type" in config:
-        if config["speculators_model_type"] != "eagle3":
+        if config["speculators_model_type"] not in ("eagle3", "peagle"):
             raise DraftheadsError(f"'{folder}': speculators model type '{config['speculators_model_type']}' is not "
-                                  "read here (eagle3 only)")
-        return "eagle3"
+                                  "read here (eagle3 and peagle only)")
+        return config["speculators_model_type"]
     if "medusa_num_heads" in config:
         return "medusa-tgi"
     if config.get("model_type") == "medusa" or "MedusaModel" in archs:
         return "medusa-vllm"
     if any(a in EAGLE3_ARCHS for a in archs):
-        return "eagle3"
+        return "peagle" if "pard_token" in config or "ptd_token_id" in config else "eagle3"
     if DFLASH_ARCHITECTURE in archs:
         return "dflash"
     if any(a in EAGLE_ARCHS for a in archs) or has_eagle_tensors(folder):

@@ -40,6 +40,7 @@ WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 PROVENANCE = "draftheads_export.json"  # beside every engine export (interop/export.py): where it came from
 CHECKED = ("architecture", "hidden_size", "vocab_size")  # a mismatch here means the drafter cannot work
+EAGLE3_KINDS = ("eagle3", "peagle")  # P-EAGLE is EAGLE-3's layer and ends plus a mask vector: the same engine layer
 
 
 # ---- writing ----------------------------------------------------------------------------------
@@ -214,7 +215,7 @@ class SavedDrafter:
 
     @property
     def kind(self) -> str:
-        """medusa, medusa2, eagle, eagle3 or mtp: what engine layouts are listed by."""
+        """medusa, medusa2, eagle, eagle3, mtp, dflash or peagle: what engine layouts are listed by."""
         return self.head.type
 
     @property
@@ -224,7 +225,7 @@ class SavedDrafter:
     @property
     def layer_family(self) -> str | None:
         """The model type of the drafter's decoder layer: llama for EAGLE-3's Llama layer, else the target's."""
-        return "llama" if self.kind == "eagle3" and self.head.draft_layer == "llama" else self.family
+        return "llama" if self.kind in EAGLE3_KINDS and self.head.draft_layer == "llama" else self.family
 
     @property
     def dtype(self) -> torch.dtype:
@@ -233,13 +234,14 @@ class SavedDrafter:
     @property
     def speculative_tokens(self) -> int:
         """The draft length an engine should run: as given, else the one the drafter was trained for (EAGLE-3: its
-        training-time-test unroll; Medusa: its heads; MTP: its modules; EAGLE-1/2: its default tree's depth)."""
+        training-time-test unroll; Medusa: its heads; MTP: its modules; P-EAGLE: its depths; EAGLE-1/2: its default
+        tree's depth)."""
         if self.speculative_tokens_given:
             return self.speculative_tokens_given
         h = self.head
         if self.kind == "eagle3" and h.ttt_steps > 1:
             return h.ttt_steps
-        if self.kind in ("medusa", "medusa2", "mtp"):
+        if self.kind in ("medusa", "medusa2", "mtp", "peagle"):
             return h.depth
         return parse_tree(h.default_tree).depth
 
@@ -267,7 +269,7 @@ class SavedDrafter:
         """The config of the drafter's decoder layer as the engines build it: the Llama layer EAGLE-3 uses by default
         (the target's sizes and rope, SiLU, no biases or q/k norms), else the target's own."""
         target = self.target_config()
-        return llama_layer_config(target) if self.kind == "eagle3" and self.head.draft_layer == "llama" else target
+        return llama_layer_config(target) if self.kind in EAGLE3_KINDS and self.head.draft_layer == "llama" else target
 
     def target_lm_head(self) -> torch.Tensor:
         """[V, H] the target's output-embedding weight (engines without a shared lm_head need a copy)."""

@@ -1,10 +1,17 @@
-"""speculators (0.9.0, and vLLM's speculators loader): EAGLE-3 folders (`Eagle3Speculator`), whose
-tensor names are the public EAGLE-3 layout's under `layers.0.` (interop/eagle_layout.py).
+"""speculators (0.9.0, and vLLM's speculators loader): EAGLE-3 folders (`Eagle3Speculator`) and P-EAGLE folders
+(`PEagleSpeculator`: EAGLE-3's and mask_hidden), whose tensor names are the public EAGLE-3 layout's under `layers.0.`
+(interop/eagle_layout.py).
 """
 
 from __future__ import annotations
 
-from draftheads.interop.eagle_layout import eagle3_fields, eagle3_tensors, eagle3_to_engine, engine_layer_config
+from draftheads.interop.eagle_layout import (
+    eagle3_fields,
+    eagle3_tensors,
+    eagle3_to_engine,
+    engine_layer_config,
+    peagle_tensors,
+)
 from draftheads.interop.layout import SPECULATORS, VLLM, Layout, LoaderFile
 from draftheads.interop.native import SavedDrafter
 
@@ -40,6 +47,29 @@ LAYOUTS = (
             "speculators 0.9.0 has no EAGLE-1 model type",
         ),
     ),
+    Layout(
+        format="speculators", kind="peagle", engine="speculators 0.9.0 (PEagleDraftModel) / vLLM speculators loader",
+        weights_file="model.safetensors",
+        architectures=("PEagleSpeculator",),
+        config={
+            "speculators_model_type": "peagle",
+            "(EAGLE-3's)": "transformer_layer_config, draft_vocab_size, target_hidden_size, norm_before_residual, "
+                           "eagle_aux_hidden_state_layer_ids (hidden_states indices)",
+            "mask_token_id": "the mask slots' token id",
+            "speculators_config": "{algorithm: peagle, proposal_methods: [{greedy, speculative_tokens: depths}], ...}",
+        },
+        tensors=peagle_tensors("layers.0."),
+        families=("llama", "mistral", "qwen3"),
+        read_from=(
+            LoaderFile(SPECULATORS, "src/speculators/models/peagle/config.py", "PyPI speculators==0.9.0"),
+            LoaderFile(SPECULATORS, "src/speculators/models/peagle/core.py", "PyPI speculators==0.9.0"),
+            LoaderFile(SPECULATORS, "src/speculators/models/eagle3/core.py", "PyPI speculators==0.9.0"),
+        ),
+        traps=(
+            "mask_hidden is [1, 1, 3H] and listed as may-be-missing: a folder without it loads with a random vector",
+            "mask_token_id defaults to None (no mask slots) when absent",
+        ),
+    ),
 )
 
 
@@ -67,9 +97,19 @@ def write_eagle3(s: SavedDrafter):
     return eagle3_to_engine(s.state, "layers.0."), config, "model.safetensors"
 
 
+def write_peagle(s: SavedDrafter):
+    """PEagleSpeculator: EAGLE-3's folder with mask_hidden, the mask token and its depths as the proposal length."""
+    tensors, config, weights = write_eagle3(s)
+    spec = config["speculators_config"]
+    spec["algorithm"] = "peagle"  # its proposal length is s.speculative_tokens: the depths, unless given
+    config.update(architectures=["PEagleSpeculator"], speculators_model_type="peagle",
+                  mask_token_id=s.head.mask_token_id)
+    return tensors, config, weights
+
+
 def refusal(saved: SavedDrafter) -> str | None:
     """speculators loads its layout for the families it lists."""
     return None
 
 
-WRITERS = {"eagle3": write_eagle3}
+WRITERS = {"eagle3": write_eagle3, "peagle": write_peagle}

@@ -1,5 +1,6 @@
-"""vLLM: Medusa (`MedusaModel`), EAGLE-1 (`EagleLlamaForCausalLM`), EAGLE-3 (`LlamaForCausalLMEagle3`) and DFlash
-(`DFlashDraftModel`, interop/dflash_layout.py) folders, written and (Medusa) read back.
+"""vLLM: Medusa (`MedusaModel`), EAGLE-1 (`EagleLlamaForCausalLM`), EAGLE-3 (`LlamaForCausalLMEagle3`), P-EAGLE (the
+same class with parallel_drafting) and DFlash (`DFlashDraftModel`, interop/dflash_layout.py) folders, written and
+(Medusa) read back.
 
 Writers take a SavedDrafter (interop/native.py) and return (tensors, config.json, weights file).
 EAGLE tensor names are the public EAGLE layout's (interop/eagle_layout.py); EAGLE folders of any
@@ -25,6 +26,7 @@ from draftheads.interop.eagle_layout import (
     engine_layer_config,
     layer_biases,
     llama_layer,
+    peagle_tensors,
 )
 from draftheads.interop.layout import VLLM, Layout, LoaderFile, Tensor
 from draftheads.interop.native import SavedDrafter
@@ -137,6 +139,30 @@ LAYOUTS = (
             "no embed_tokens: the target's embedding (mask slots embed mask_token_id's row)",
         ),
     ),
+    Layout(
+        format="vllm", kind="peagle",
+        engine="vLLM (LlamaForCausalLMEagle3, speculative config method eagle3 + parallel_drafting: true)",
+        weights_file="model.safetensors",
+        architectures=("LlamaForCausalLMEagle3",),
+        config={
+            "(EAGLE-3's)": "model_type llama, num_hidden_layers 1, draft_vocab_size, target_hidden_size, "
+                           "eagle_aux_hidden_state_layer_ids (layer l's OUTPUT is id l + 1), norm_before_residual",
+            "pard_token": "the mask slots' token id (the proposer reads pard_token, ptd_token_id or "
+                          "dflash_config.mask_token_id, else refuses)",
+        },
+        tensors=peagle_tensors("midlayer."),
+        families=("llama", "mistral"),
+        read_from=(
+            LoaderFile(VLLM, "vllm/model_executor/models/llama_eagle3.py", "00bd1493b3e82d6c13c68ee8a0e1c5a96707e190"),
+            LoaderFile(VLLM, "the speculative proposer's parallel-drafting token lookup", "stored file id 71127482224"),
+        ),
+        traps=(
+            "mask_hidden is a non-persistent buffer [1, 3H] (our [1, 1, 3H] is viewed to it); missing with "
+            "parallel_drafting on: a ValueError; present with it off: skipped with a warning",
+            "parallel drafting is a serving switch, not a config field: the folder alone serves as plain EAGLE-3",
+            "the mask hidden vector goes through fc like the fused features (3H in, H out)",
+        ),
+    ),
 )
 
 
@@ -247,6 +273,12 @@ def write_eagle3(s: SavedDrafter):
     return eagle3_to_engine(s.state, "midlayer."), config, "model.safetensors"
 
 
+def write_peagle(s: SavedDrafter):
+    """EAGLE-3's folder with mask_hidden (passed through by the renaming) and the mask token as pard_token."""
+    tensors, config, weights = write_eagle3(s)
+    return tensors, {**config, "pard_token": s.head.mask_token_id}, weights
+
+
 def write_dflash(s: SavedDrafter):
     """DFlashDraftModel: the z-lab names; with a draft vocabulary its lm_head rows and d2t."""
     return dflash_to_engine(s, own_lm_head=True), dflash_config(s, own_lm_head=True), "model.safetensors"
@@ -257,4 +289,5 @@ def refusal(saved: SavedDrafter) -> str | None:
     return None
 
 
-WRITERS = {"medusa": write_medusa, "eagle": write_eagle, "eagle3": write_eagle3, "dflash": write_dflash}
+WRITERS = {"medusa": write_medusa, "eagle": write_eagle, "eagle3": write_eagle3, "dflash": write_dflash,
+           "peagle": write_peagle}

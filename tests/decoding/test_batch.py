@@ -31,6 +31,7 @@ KINDS = {
     "eagle3": lambda model: draftheads.build_drafter("eagle3", model, draft_vocab_size=128),
     "mtp": lambda model: draftheads.build_drafter("mtp", model, depth=3),
     "dflash": lambda model: draftheads.build_drafter("dflash", model, block_size=4),
+    "peagle": lambda model: draftheads.build_drafter("peagle", model, depths=3, draft_vocab_size=128),
     "lookup": lambda model: PromptLookupDrafter(),
     "combined": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model)),
     "switch": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model), switch=True),

@@ -21,6 +21,7 @@ VARIANTS = {
     "mtp-vocab": ("mtp", {"depth": 2, "draft_vocab_size": 128}),
     "dflash": ("dflash", {"block_size": 4}),
     "dflash-vocab": ("dflash", {"num_layers": 2, "draft_vocab_size": 128}),
+    "peagle": ("peagle", {"depths": 3, "draft_vocab_size": 128}),
 }
 TREES = {"chain": "chain:2", "tree": [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)], "default": None}
 

@@ -285,13 +285,14 @@ def test_statistical_check_rejects_broken_rules(broken, monkeypatch):
 
 
 # ---- through the real generation loop ---------------------------------------------------------------
-def small_target(vocab: int = 16):
-    """A 1-layer random llama with a 16-token vocabulary and a spread-out next-token distribution."""
+def small_target(vocab: int = 16, layers: int = 1):
+    """A random llama (1 layer; EAGLE-3-style drafters fuse 3) with a 16-token vocabulary and a spread-out next-token
+    distribution."""
     from transformers import AutoModelForCausalLM
 
     from tests.fixtures import make_config
 
-    config = make_config("llama", vocab, num_hidden_layers=1)
+    config = make_config("llama", vocab, num_hidden_layers=layers)
     config.eos_token_id = 1
     torch.manual_seed(5)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
@@ -310,18 +311,19 @@ def two_token_law(model, prompt: torch.Tensor, temperature, top_k, top_p) -> tor
     return first[:, None] * second
 
 
-def block_drafter(model):
-    """A random DFlash drafter for the small target: every depth of a block drafted at once from per-slot q."""
+def block_drafter(model, kind: str = "dflash"):
+    """A random DFlash or P-EAGLE drafter for the small target: every depth drafted at once from per-slot q."""
     import draftheads
     from tests.heads.batches import perturb
 
     torch.manual_seed(2)
-    drafter = draftheads.build_drafter("dflash", model, block_size=3, default_tree="static:[(0,), (1,), (0, 0)]")
+    size = {"block_size": 3} if kind == "dflash" else {"depths": 2}
+    drafter = draftheads.build_drafter(kind, model, **size, default_tree="static:[(0,), (1,), (0, 0)]")
     perturb(drafter, scale=0.3)
     return drafter.eval()
 
 
-@pytest.mark.parametrize("kind", ["random", "dflash"])
+@pytest.mark.parametrize("kind", ["random", "dflash", "peagle"])
 def test_real_loop_two_token_joint_matches_plain_sampling(kind, temperature=0.8, top_k=6, top_p=0.9):
     """speculative_generate with a deliberately poor drafter (q unrelated to the target, children sampled from it;
     or an untrained block drafter, whose per-slot q serves every node of a depth) emits (y1, y2) with plain
@@ -329,9 +331,9 @@ def test_real_loop_two_token_joint_matches_plain_sampling(kind, temperature=0.8,
     from draftheads.decoding.generate import speculative_generate
     from tests.decoding.stubs import RandomDrafter
 
-    model, prompt, runs = small_target(), torch.tensor([[2, 5, 7, 3, 9]]), 1200
+    model, prompt, runs = small_target(layers=3 if kind == "peagle" else 1), torch.tensor([[2, 5, 7, 3, 9]]), 1200
     tree = Tree.from_paths([(0,), (1,), (0, 0)])
-    drafter = RandomDrafter(16, sampled=True, tree=tree) if kind == "random" else block_drafter(model)
+    drafter = RandomDrafter(16, sampled=True, tree=tree) if kind == "random" else block_drafter(model, kind)
     counts = torch.zeros(16 * 16)
     accepted = 0
     for seed in range(runs):
@@ -404,7 +406,7 @@ def test_trees_with_gaps_in_sibling_ranks_are_drafted_gap_free():
 
 
 @pytest.mark.parametrize("kind, cfg", [("medusa", {"num_heads": 2}), ("eagle", {}), ("mtp", {"depth": 2}),
-                                       ("dflash", {"block_size": 3})])
+                                       ("dflash", {"block_size": 3}), ("peagle", {"depths": 2})])
 def test_every_drafter_drafts_a_gapped_tree_gap_free_when_sampling(kind, cfg):
     import draftheads
     from tests.fixtures import make_target

@@ -21,6 +21,7 @@ VARIANTS = [
     ("mtp", "mtp", {"depth": 2}, 2),
     ("dflash", "dflash", {"block_size": 4, "draft_vocab_size": 128}, 3),
     ("dflash-kd", "dflash", {"block_size": 3, "num_layers": 2, "loss": "kd"}, 2),
+    ("peagle", "peagle", {"depths": 3, "draft_vocab_size": 128}, 3),
 ]
 CASES = [pytest.param(kind, cfg, depths, id=name) for name, kind, cfg, depths in VARIANTS]
 

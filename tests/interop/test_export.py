@@ -43,6 +43,7 @@ HEADS = {
     "eagle3-own": ("eagle3", {"draft_vocab_size": VD, "draft_layer": "target"}),   # the target's class
     "dflash": ("dflash", {"block_size": 4, "num_layers": 2}),
     "dflash-vocab": ("dflash", {"draft_vocab_size": VD}),
+    "peagle": ("peagle", {"draft_vocab_size": VD, "depths": 3}),
 }
 # Which engine formats each head type may go to, per target family (everything else is refused).
 ALLOWED = {
@@ -61,6 +62,8 @@ ALLOWED = {
     # vocabulary (the target lm_head's rows are the weights either way)
     "dflash": {f: ("vllm", "sglang") for f in FAMILIES},
     "dflash-vocab": {f: ("vllm", "sglang") for f in FAMILIES},
+    # EAGLE-3's Llama layer with a mask vector: vLLM (parallel_drafting) and speculators; SGLang has no P-EAGLE
+    "peagle": {f: ("vllm", "speculators") for f in FAMILIES},
 }
 ENGINE_FORMATS = ("vllm", "sglang", "tgi", "speculators", "deepseek-mtp", "llama.cpp")
 
@@ -94,7 +97,7 @@ def natives(targets, tmp_path_factory):
             with torch.no_grad():  # zero-initialised blocks would hide swapped or dropped tensors
                 for p in drafter.parameters():
                     p.add_(torch.randn_like(p) * 0.05)
-            if head.startswith("eagle3") or head == "dflash-vocab":
+            if head.startswith("eagle3") or head in ("dflash-vocab", "peagle"):
                 # keeps the noisy lm_head: no restart from the target
                 drafter.vocab.choose(torch.randint(0, 1000, (V,)))
             folder = save_drafter(drafter, tmp_path_factory.mktemp(f"{family}-{head}") / "native", target=target)
@@ -274,6 +277,15 @@ EXPECTED.update({
     ("sglang", "dflash-vocab", "llama"): ("model.safetensors", dflash_keys(1, 1), {
         **DFLASH_CONFIG, "num_hidden_layers": 1, "block_size": 8}),
 })
+EXPECTED.update({
+    ("vllm", "peagle", "qwen3"): ("model.safetensors", {**eagle3_keys("midlayer."), "mask_hidden": (1, 1, 3 * H)},
+                                  {**LLAMA_LAYER["vllm"], "draft_vocab_size": VD, "pard_token": V - 1}),
+    ("speculators", "peagle", "llama"): ("model.safetensors",
+                                         {**eagle3_keys("layers.0."), "mask_hidden": (1, 1, 3 * H)},
+                                         {"architectures": ["PEagleSpeculator"], "speculators_model_type": "peagle",
+                                          "mask_token_id": V - 1, "draft_vocab_size": VD,
+                                          "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}),
+})
 DTYPES = {"d2t": torch.int64, "t2d": torch.bool, "token_map": torch.int64}
 
 
@@ -307,7 +319,7 @@ def check_loader_traps(fmt, head, config):
         # vLLM's MedusaConfig renames every key with 'num'+'heads' / 'num'+'layers': only ours may exist
         assert ([k for k in config if "num" in k and ("heads" in k or "layers" in k)]
                 == ["num_heads", "num_hidden_layers"])
-    if head.startswith("eagle") and fmt != "speculators":
+    if head.startswith(("eagle", "peagle")) and fmt != "speculators":
         from transformers import AutoConfig
 
         parsed = AutoConfig.for_model(**config)  # the engines build a transformers config from it
@@ -326,6 +338,9 @@ def check_loader_traps(fmt, head, config):
         assert spec["default_proposal_method"] == spec["proposal_methods"][0]["proposal_type"]
         assert (spec["verifier"]["name_or_path"]
                 and config["transformer_layer_config"]["model_type"] in ("llama", "qwen3"))
+        assert spec["algorithm"] == config["speculators_model_type"]
+    if head == "peagle":  # the engines read the mask token under their own names; vLLM refuses to draft without it
+        assert config["pard_token" if fmt == "vllm" else "mask_token_id"] == V - 1
 
 
 # ---- engine semantics: recompute drafts from the exported tensors the way each engine does ------
@@ -649,9 +664,9 @@ SPECULATORS_PYTHON = Path(__file__).resolve().parents[2] / ".venv-speculators" /
 
 
 def test_the_speculators_package_loads_every_eagle3_export(natives, tmp_path):
-    """speculators' own loader (Eagle3DraftModel.from_pretrained, in the second virtual environment `make` builds:
-    speculators pins its own transformers and torch) loads our export for every family and draft layer: every
-    parameter finite (it fills what it does not find with NaN) and equal to ours."""
+    """speculators' own loader (Eagle3DraftModel / PEagleDraftModel.from_pretrained, in the second virtual environment
+    `make` builds: speculators pins its own transformers and torch) loads our EAGLE-3 and P-EAGLE exports for every
+    family and draft layer: every parameter finite (it fills what it does not find with NaN) and equal to ours."""
     if not SPECULATORS_PYTHON.is_file():
         if os.environ.get("CI"):
             pytest.fail(f"{SPECULATORS_PYTHON} is missing: CI runs `make test`, which builds it (make "

@@ -25,6 +25,7 @@ HEADS = {
     "eagle": {"type": "eagle", "input_noise": 0.2},  # noise from the global RNG, like the double
     "mtp": {"type": "mtp", "depth": 2},
     "dflash": {"type": "dflash", "block_size": 4},  # anchors drawn from the global RNG each step
+    "peagle": {"type": "peagle", "depths": 3},  # COD slots drawn from the global RNG each step
 }
 
 

@@ -85,6 +85,7 @@ OFFLINE_HEADS = {
     "eagle3": {"type": "eagle3", "ttt_steps": 2, "draft_vocab_size": 128},
     "mtp": {"type": "mtp", "depth": 2},
     "dflash": {"type": "dflash", "block_size": 4, "num_layers": 2},
+    "peagle": {"type": "peagle", "depths": 3, "draft_vocab_size": 128},
 }
 
 

@@ -34,6 +34,7 @@ HEADS = {
     "mtp-vocab": {"type": "mtp", "depth": 2, "draft_vocab_size": 128},
     "dflash": {"type": "dflash", "block_size": 4, "draft_vocab_size": 128},
     "dflash-kd": {"type": "dflash", "block_size": 3, "loss": "kd"},
+    "peagle": {"type": "peagle", "depths": 3, "draft_vocab_size": 128},
 }
 
 

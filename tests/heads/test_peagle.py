@@ -1,0 +1,132 @@
+"""P-EAGLE: the one-pass training forward sees exactly what drafting sees (every depth, packed rows), COD keeps nested
+shares of the anchors, and a trained tiny drafter drafts what it learned."""
+
+import pytest
+import torch
+
+import draftheads
+from draftheads.core.errors import DraftheadsError
+from draftheads.decoding.generate import speculative_generate
+from draftheads.heads.peagle_training import cod_slots, parallel_forward, slot_visible
+from tests.fixtures import make_target
+from tests.heads.batches import perturb, target_features, train_steps
+
+DEPTHS = 4
+CLOSE = {"atol": 1e-4, "rtol": 1e-4}  # fp32 sums over differently masked key sets
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_target("qwen3")
+
+
+def peagle(target, **cfg):
+    drafter = draftheads.build_drafter("peagle", target, **{"depths": DEPTHS, "cod_min": 1.0, **cfg})
+    perturb(drafter, scale=0.2)
+    return drafter.eval()
+
+
+def row_batch(ids: torch.Tensor, features: torch.Tensor, **extra) -> dict:
+    ones = torch.ones_like(ids)
+    return {"input_ids": ids, "attention_mask": ones, "loss_mask": ones, "features": features, **extra}
+
+
+def drafted_outputs(drafter, target, ids: torch.Tensor, anchor: int) -> torch.Tensor:
+    """The layer outputs of depths 1..DEPTHS drafted after observing positions 0..anchor (x_{anchor+1} pending):
+    [DEPTHS, H]."""
+    drafter.reset()
+    features = target_features(target, ids[:, : anchor + 1], None, drafter.feature_layers)
+    drafter.observe(features, ids[:, 1 : anchor + 2])
+    state = drafter._drafting
+    return torch.cat([state.root_out, state.slot_outputs(drafter, DEPTHS - 1)[0]], 0)
+
+
+def check_every_slot(drafter, target, batch, samples):
+    """Each trained output (depth 0 and every COD slot) equals the drafted one at its anchor; samples: (start, ids)
+    of each packed sample."""
+    with torch.no_grad():
+        depth0, (anchor, depth, valid, out) = parallel_forward(drafter, batch, batch["features"])
+    checked = 0
+    for start, ids in samples:
+        for a in range(ids.shape[1] - 1):
+            drafted = drafted_outputs(drafter, target, ids, a)
+            torch.testing.assert_close(depth0[0, start + a], drafted[0], **CLOSE)
+            for i in ((anchor[0] == start + a) & valid[0]).nonzero()[:, 0].tolist():
+                d = int(depth[0, i])
+                torch.testing.assert_close(out[0, i], drafted[d], **CLOSE)
+                checked += 1
+    return checked
+
+
+def test_every_trained_slot_equals_the_slot_drafted_at_its_anchor(target):
+    drafter = peagle(target)
+    ids = torch.randint(0, 300, (1, 12), generator=torch.Generator().manual_seed(0))
+    batch = row_batch(ids, target_features(target, ids, None, drafter.feature_layers))
+    # cod_min 1: every anchor whose label at depth d is in the row: 9 + 8 + 7 slots
+    assert check_every_slot(drafter, target, batch, [(0, ids)]) == 9 + 8 + 7
+
+
+def test_packed_samples_train_like_each_sample_alone(target):
+    """Two samples in one row (positions restarting at 0): no slot of the second sees the first, none crosses."""
+    drafter = peagle(target)
+    g = torch.Generator().manual_seed(3)
+    first, second = torch.randint(0, 300, (1, 7), generator=g), torch.randint(0, 300, (1, 9), generator=g)
+    features = torch.cat([target_features(target, s, None, drafter.feature_layers) for s in (first, second)], 1)
+    positions = torch.cat([torch.arange(7), torch.arange(9)])[None]
+    batch = row_batch(torch.cat([first, second], 1), features, position_ids=positions)
+    assert check_every_slot(drafter, target, batch, [(0, first), (7, second)]) == (4 + 3 + 2) + (6 + 5 + 4)
+
+
+def test_cod_keeps_nested_shrinking_shares_whose_labels_count():
+    ids = torch.arange(100, 140)[None].repeat(2, 1)
+    loss_mask = torch.ones_like(ids)
+    loss_mask[:, :10] = 0
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": loss_mask}
+
+    class Config:
+        depths, cod_ratio, cod_min = 6, 0.7, 0.2
+
+    anchor, depth, valid = cod_slots(batch, Config, training=True)
+    usable = 40 - 2 - 10 + 2  # anchors 8..37 have x_{a+2} counted: 30
+    for row in range(2):
+        kept = {d: set(anchor[row][valid[row] & (depth[row] == d)].tolist()) for d in range(1, 6)}
+        for d in range(1, 6):
+            assert len(kept[d]) == min(round(usable * max(0.7**d, 0.2)), usable - d)
+            assert all(8 <= a and a + d + 2 <= 39 for a in kept[d])   # the label x_{a+d+2} counts and exists
+            assert d == 1 or kept[d] <= kept[d - 1]   # a slot's earlier slots are trained too
+    visible = slot_visible(anchor, depth, valid, None, 39)
+    i = int((valid[0] & (depth[0] == 3)).nonzero()[0])
+    a = int(anchor[0, i])
+    assert visible[0, i, :39].tolist() == [k <= a for k in range(39)]
+    chain = visible[0, i, 39:]
+    assert sorted(depth[0][chain].tolist()) == [1, 2, 3] and set(anchor[0][chain].tolist()) == {a}
+
+
+def test_a_tree_deeper_than_the_depths_is_refused_in_one_line(target):
+    drafter = peagle(target)
+    ids = torch.randint(0, 300, (1, 6), generator=torch.Generator().manual_seed(1))
+    with pytest.raises(DraftheadsError, match="exceeds the 4 depths P-EAGLE drafts"):
+        speculative_generate(target, drafter, ids, 8, tree="chain:5")
+    with pytest.raises(DraftheadsError, match="head.default_tree is 5 deep"):
+        draftheads.build_drafter("peagle", target, depths=4, default_tree="chain:5")
+
+
+def test_a_trained_drafter_drafts_the_continuation_it_learned(target):
+    """Trained on the target's own greedy continuation of a prompt, one pass drafts it: speculative decoding of that
+    prompt accepts most of every chain."""
+    torch.manual_seed(0)
+    prompt = torch.randint(0, 300, (1, 6), generator=torch.Generator().manual_seed(4))
+    answer = speculative_generate(target, None, prompt, 40, eos_token_id=[]).tokens
+    ids = torch.cat([prompt, answer], 1)
+    drafter = draftheads.build_drafter("peagle", target, depths=3, cod_min=1.0, input_noise=0.0)
+    loss_mask = torch.ones_like(ids)
+    loss_mask[0, :6] = 0
+    batch = row_batch(ids, target_features(target, ids, None, drafter.feature_layers), loss_mask=loss_mask)
+    drafter.train()
+    losses, _ = train_steps(drafter, batch, steps=150, lr=3e-3)
+    assert losses[-1] < losses[0]   # soft labels: the floor is the target's entropy, not 0
+    _, metrics = drafter.eval().training_loss(batch)
+    assert (metrics["correct"] >= 0.9 * metrics["total"]).all(), metrics   # each depth's argmax: the target's token
+    out = speculative_generate(target, drafter, prompt, 40, eos_token_id=[])
+    assert out.tokens.tolist() == answer.tolist()
+    assert out.stats.tau > 3.0, out.stats.tau   # of at most 4 (3 drafts and the bonus token)
