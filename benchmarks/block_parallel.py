@@ -6,11 +6,12 @@
 
 Trains (or resumes, when a run folder holds a finished run of the same settings) one EAGLE-3 drafter (the
 eagle3-smollm2 head), one P-EAGLE drafter (the peagle-smollm2 head) and one DFlash drafter per block size (the
-dflash-smollm2 head) on the same target-generated data folder, each for the same CPU minutes at a constant learning rate after warm-up, then evaluates all of them in one
-`draftheads eval` run (timings interleaved: each prompt is decoded by every configuration before the next prompt),
-beside prompt lookup and each learned drafter combined with it. Prints tau, drafting and verify cost and speedup per
-drafter. The data folder must exist (`draftheads data demo-smollm2 data.output=data/demo-self` makes the default one,
-~10 minutes). Run it with nothing else heavy on the machine: two cores are easily shared away.
+dflash-smollm2 head) on the same target-generated data folder, each for the same CPU minutes at a constant learning
+rate after warm-up, then evaluates all of them in one `draftheads eval` run (timings interleaved: each prompt is
+decoded by every configuration before the next prompt), beside prompt lookup and each learned drafter combined with
+it. Prints tau, drafting and verify cost and speedup per drafter. The data folder must exist (`draftheads data
+demo-smollm2 data.output=data/demo-self` makes the default one, ~10 minutes). Run it with nothing else heavy on the
+machine: two cores are easily shared away.
 """
 
 from __future__ import annotations

@@ -43,10 +43,6 @@ DEFAULT_DTYPES = {"llama.cpp": "fp16"}
 FORMATS = ("native", *ENGINES)
 LABELS = {"eagle3": "EAGLE-3", "eagle": "EAGLE", "medusa": "Medusa", "medusa2": "Medusa-2", "mtp": "MTP",
           "dflash": "DFlash", "peagle": "P-EAGLE"}
-# engine formats that load a head kind in a layout not written yet: what to use instead
-NOT_WRITTEN = {("speculators", "dflash"): "speculators (0.9.0 on) loads DFlash in a format of its own (the target's "
-                                          "embedding and lm_head copied in), which is not written yet; vLLM serves "
-                                          "--format vllm"}
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -188,8 +184,6 @@ def refusal(saved: SavedDrafter, fmt: str) -> str | None:
     if kind == "medusa2":
         return ("Medusa-2 heads read the LoRA-adapted target, which engines do not build; merge the adapter into the "
                 "target first")
-    if (fmt, kind) in NOT_WRITTEN:
-        return NOT_WRITTEN[fmt, kind]
     layout = find_layout(fmt, kind)
     if layout is None:
         loads = sorted({LABELS[other.kind] for other in ENGINES[fmt].LAYOUTS if other.kind in LABELS})

@@ -7,7 +7,7 @@ settings from draftheads_export.json when we wrote it) -> tensors renamed to nat
 engine module's reader) -> a drafter built for `target` (heads/factory.py), loaded strictly, bound.
 Layouts read: vLLM / TGI / Medusa v0.1 Medusa, vLLM / SGLang / reference EAGLE-1/2, vLLM /
 SGLang LlamaForCausalLMEagle3, speculators EAGLE-3, P-EAGLE (vLLM: EAGLE-3 with mask_hidden and pard_token;
-speculators: peagle) and the z-lab DFlash layout (vLLM, SGLang).
+speculators: peagle) and DFlash (the z-lab layout of vLLM and SGLang; speculators' dflash).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from draftheads.core.errors import DraftheadsError
 from draftheads.heads.common import place_like
 from draftheads.heads.factory import head_config, new_drafter, upgrade_head
-from draftheads.interop import tgi, vllm
+from draftheads.interop import speculators, tgi, vllm
 from draftheads.interop.dflash_layout import ARCHITECTURE as DFLASH_ARCHITECTURE
 from draftheads.interop.dflash_layout import read_dflash
 from draftheads.interop.eagle_layout import EAGLE3_ARCHS, EAGLE_ARCHS, eagle_from_engine, read_eagle3, read_peagle
@@ -59,6 +59,8 @@ def import_drafter(folder: Path, config: dict, target):
         head, state = read_peagle(config, tensors, target, mask)
     elif layout == "dflash":
         head, state = read_dflash(config, tensors, target)
+    elif layout == "dflash-speculators":
+        head, state = speculators.read_speculators_dflash(config, tensors, target)
     else:
         head, state = {"type": "eagle"}, tensors
     drafter = new_drafter(head_config(with_saved_settings(folder, head)), target.config)
@@ -72,10 +74,11 @@ def import_drafter(folder: Path, config: dict, target):
 def detect(folder: Path, config: dict) -> str:
     archs = config.get("architectures") or []
     if "speculators_model_type" in config:
-        if config["speculators_model_type"] not in ("eagle3", "peagle"):
-            raise DraftheadsError(f"'{folder}': speculators model type '{config['speculators_model_type']}' is not "
-                                  "read here (eagle3 and peagle only)")
-        return config["speculators_model_type"]
+        kind = config["speculators_model_type"]
+        if kind not in ("eagle3", "peagle", "dflash"):
+            raise DraftheadsError(f"'{folder}': speculators model type '{kind}' is not read here (eagle3, peagle and "
+                                  "dflash only)")
+        return "dflash-speculators" if kind == "dflash" else kind
     if "medusa_num_heads" in config:
         return "medusa-tgi"
     if config.get("model_type") == "medusa" or "MedusaModel" in archs:

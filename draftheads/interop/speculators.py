@@ -1,10 +1,13 @@
 """speculators (0.9.0, and vLLM's speculators loader): EAGLE-3 folders (`Eagle3Speculator`) and P-EAGLE folders
 (`PEagleSpeculator`: EAGLE-3's and mask_hidden), whose tensor names are the public EAGLE-3 layout's under `layers.0.`
-(interop/eagle_layout.py).
+(interop/eagle_layout.py), and DFlash folders (`DFlashSpeculator`: z-lab's tensor names, interop/dflash_layout.py,
+with speculators' own config).
 """
 
 from __future__ import annotations
 
+from draftheads.core.errors import DraftheadsError
+from draftheads.interop.dflash_layout import dflash_tensors, dflash_to_engine, read_dflash
 from draftheads.interop.eagle_layout import (
     eagle3_fields,
     eagle3_tensors,
@@ -12,7 +15,7 @@ from draftheads.interop.eagle_layout import (
     engine_layer_config,
     peagle_tensors,
 )
-from draftheads.interop.layout import SPECULATORS, VLLM, Layout, LoaderFile
+from draftheads.interop.layout import SPECULATORS, VLLM, Layout, LoaderFile, Tensor
 from draftheads.interop.native import SavedDrafter
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose config schema we write
@@ -70,6 +73,31 @@ LAYOUTS = (
             "mask_token_id defaults to None (no mask slots) when absent",
         ),
     ),
+    Layout(
+        format="speculators", kind="dflash", engine="speculators 0.9.0 (DFlashDraftModel)",
+        weights_file="model.safetensors",
+        architectures=("DFlashSpeculator",),
+        config={
+            "speculators_model_type": "dflash",
+            "transformer_layer_config": "Qwen3 config of the draft layers (num_hidden_layers = draft layers)",
+            "draft_vocab_size": "Vd, or the target's vocabulary size (then no lm_head, d2t or t2d in the folder)",
+            "block_size": "B", "target_hidden_size": "H", "mask_token_id": "the block's mask slots",
+            "aux_hidden_state_layer_ids": "hidden_states indices: z-lab's target_layer_ids + 1",
+            "sample_from_anchor": "false: slot 0 is the pending token, B - 1 drafts",
+        },
+        tensors=dflash_tensors(own_lm_head=True) + (Tensor("t2d", ("V",), "bool", when="draft_vocab_size < V"),),
+        families=(),
+        read_from=(
+            LoaderFile(SPECULATORS, "src/speculators/models/dflash/config.py", "PyPI speculators==0.9.0"),
+            LoaderFile(SPECULATORS, "src/speculators/models/dflash/core.py", "PyPI speculators==0.9.0"),
+            LoaderFile(SPECULATORS, "src/speculators/model.py", "PyPI speculators==0.9.0"),
+        ),
+        traps=(
+            "draft_vocab_size defaults to 32000: always written (equal to the target's vocabulary: no own lm_head)",
+            "embed_tokens and the full-vocabulary lm_head are reloaded from the verifier at from_pretrained",
+            "aux_hidden_state_layer_ids are one above z-lab's target_layer_ids",
+        ),
+    ),
 )
 
 
@@ -97,6 +125,55 @@ def write_eagle3(s: SavedDrafter):
     return eagle3_to_engine(s.state, "layers.0."), config, "model.safetensors"
 
 
+def write_dflash(s: SavedDrafter):
+    """DFlashSpeculator: z-lab's tensor names; the draft layers' Qwen3 config, hidden_states-index layer ids, and the
+    draft vocabulary's lm_head rows with d2t/t2d (speculators reloads the full-vocabulary head from the verifier)."""
+    head = s.head
+    layers = head.num_layers
+    layer = engine_layer_config(s.target_config(), "qwen3", [], s.dtype, num_hidden_layers=layers,
+                                attention_bias=False, tie_word_embeddings=False, hidden_act="silu",
+                                use_sliding_window=False, sliding_window=None, layer_types=["full_attention"] * layers)
+    layer.pop("architectures")
+    tensors = dflash_to_engine(s, own_lm_head=True)
+    if "t2d" in s.state:
+        tensors["t2d"] = s.state["t2d"]
+    verifier_arch = (s.config.get("target") or {}).get("architecture")
+    config = {
+        "architectures": ["DFlashSpeculator"], "speculators_model_type": "dflash",
+        "speculators_version": SPECULATORS_VERSION, "transformer_layer_config": layer,
+        "draft_vocab_size": head.draft_vocab_size or int(s.config["target"]["vocab_size"]),
+        "block_size": head.block_size, "target_hidden_size": s.config["target"]["hidden_size"],
+        # hidden_states indices, as its EAGLE-3 ids: layer l's output is id l + 1 (z-lab's target_layer_ids + 1)
+        "aux_hidden_state_layer_ids": [layer_id + 1 for layer_id in head.target_layers],
+        "mask_token_id": head.mask_token_id, "sliding_window_non_causal": False, "sample_from_anchor": False,
+        "speculators_config": {
+            "algorithm": "dflash",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": head.block_size - 1,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": s.target_name(), "architectures": [verifier_arch] if verifier_arch else []},
+        },
+        "torch_dtype": str(s.dtype).removeprefix("torch."), "dtype": str(s.dtype).removeprefix("torch."),
+    }
+    return tensors, config, "model.safetensors"
+
+
+def read_speculators_dflash(config: dict, tensors: dict, target) -> tuple[dict, dict]:
+    """(head structure, native state) of a speculators DFlash folder: its fields in z-lab's terms, then z-lab's
+    reader (the same tensor names)."""
+    missing = [k for k in ("aux_hidden_state_layer_ids", "mask_token_id", "block_size") if config.get(k) is None]
+    if missing:
+        raise DraftheadsError(f"this speculators DFlash folder's config.json lacks {', '.join(missing)}; without them "
+                              "the drafter cannot be run as it was trained")
+    if config.get("sample_from_anchor"):
+        raise DraftheadsError("this speculators DFlash folder drafts from the anchor slot too (sample_from_anchor: "
+                              "true), which draftheads' DFlash does not; train it with sample_from_anchor false")
+    zlab = {"dflash_config": {"target_layer_ids": [i - 1 for i in config["aux_hidden_state_layer_ids"]],
+                              "block_size": config["block_size"], "mask_token_id": config["mask_token_id"]},
+            "num_hidden_layers": config["transformer_layer_config"]["num_hidden_layers"]}
+    return read_dflash(zlab, {k: v for k, v in tensors.items() if not k.startswith("verifier_")}, target)
+
+
 def write_peagle(s: SavedDrafter):
     """PEagleSpeculator: EAGLE-3's folder with mask_hidden, the mask token and its depths as the proposal length."""
     tensors, config, weights = write_eagle3(s)
@@ -112,4 +189,4 @@ def refusal(saved: SavedDrafter) -> str | None:
     return None
 
 
-WRITERS = {"eagle3": write_eagle3, "peagle": write_peagle}
+WRITERS = {"eagle3": write_eagle3, "peagle": write_peagle, "dflash": write_dflash}

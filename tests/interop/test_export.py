@@ -60,8 +60,8 @@ ALLOWED = {
                    "qwen2": (), "qwen3": ("speculators",), "gemma": ()},
     # the z-lab layout: Qwen3-style layers of the target's sizes, whatever the target; SGLang drafts over the whole
     # vocabulary (the target lm_head's rows are the weights either way)
-    "dflash": {f: ("vllm", "sglang") for f in FAMILIES},
-    "dflash-vocab": {f: ("vllm", "sglang") for f in FAMILIES},
+    "dflash": {f: ("vllm", "sglang", "speculators") for f in FAMILIES},
+    "dflash-vocab": {f: ("vllm", "sglang", "speculators") for f in FAMILIES},
     # EAGLE-3's Llama layer with a mask vector: vLLM (parallel_drafting) and speculators; SGLang has no P-EAGLE
     "peagle": {f: ("vllm", "speculators") for f in FAMILIES},
 }
@@ -276,6 +276,14 @@ EXPECTED.update({
         "dflash_config": {"mask_token_id": V - 1, "target_layer_ids": [2], "block_size": 8, "num_target_layers": 4}}),
     ("sglang", "dflash-vocab", "llama"): ("model.safetensors", dflash_keys(1, 1), {
         **DFLASH_CONFIG, "num_hidden_layers": 1, "block_size": 8}),
+    # speculators: z-lab's tensors, its own config; ids one above z-lab's; the full-vocabulary head from the verifier
+    ("speculators", "dflash", "qwen2"): ("model.safetensors", dflash_keys(2, 2), {
+        "architectures": ["DFlashSpeculator"], "speculators_model_type": "dflash", "block_size": 4,
+        "aux_hidden_state_layer_ids": [2, 3], "mask_token_id": V - 1, "draft_vocab_size": V,
+        "sample_from_anchor": False, "transformer_layer_config": {"model_type": "qwen3", "num_hidden_layers": 2}}),
+    ("speculators", "dflash-vocab", "llama"): ("model.safetensors", {**dflash_keys(1, 1, vocab=True), "t2d": (V,)}, {
+        "speculators_model_type": "dflash", "block_size": 8, "aux_hidden_state_layer_ids": [3],
+        "draft_vocab_size": VD, "transformer_layer_config": {"model_type": "qwen3", "num_hidden_layers": 1}}),
 })
 EXPECTED.update({
     ("vllm", "peagle", "qwen3"): ("model.safetensors", {**eagle3_keys("midlayer."), "mask_hidden": (1, 1, 3 * H)},
@@ -324,7 +332,7 @@ def check_loader_traps(fmt, head, config):
 
         parsed = AutoConfig.for_model(**config)  # the engines build a transformers config from it
         assert parsed.num_hidden_layers == 1 and parsed.hidden_size == H and parsed.head_dim == D
-    if head.startswith("dflash"):
+    if head.startswith("dflash") and fmt != "speculators":
         from transformers import AutoConfig
 
         parsed = AutoConfig.for_model(**config)  # both engines read it as a Qwen3 config
@@ -421,17 +429,13 @@ def test_vllm_eagle_fold_is_exact(family, targets, natives, tmp_path):
     torch.testing.assert_close(engine, ours, rtol=1e-5, atol=1e-5)
 
 
-def test_eagle3_norms_map_to_the_engine_roles(targets, natives, tmp_path):
-    """Engines normalise the embedding with input_layernorm and the hidden state with hidden_norm,
-    attend over [emb; h] with the un-normed h as residual, then apply norm and lm_head."""
-    target = targets["llama"]
-    drafter, native = natives("llama", "eagle3")
-    t = load_file(str(export_drafter(native, "sglang", tmp_path / "sglang") / "model.safetensors"))
-    n = 4
-    ids, carry = torch.tensor([[3, 9, 27, 81]]), torch.randn(1, n, H)
+def eagle3_engine_logits(t: dict, target, ids: torch.Tensor, carry: torch.Tensor) -> torch.Tensor:
+    """The engines' EAGLE-3 layer, causal over n positions, from exported tensors `t` (midlayer.* names): the
+    embedding normed by input_layernorm, the hidden state by hidden_norm, attention over [emb; h] with the un-normed h
+    as residual, then norm and lm_head. ids [1, n], carry [1, n, H] -> logits [1, n, Vd]."""
+    n = ids.shape[1]
     emb = target.get_input_embeddings()(ids)
-    pos = torch.arange(n)[None]
-    cos, sin = target.model.rotary_emb(carry, pos)
+    cos, sin = target.model.rotary_emb(carry, torch.arange(n)[None])
     x = torch.cat([rms(emb, t["midlayer.input_layernorm.weight"]), rms(carry, t["midlayer.hidden_norm.weight"])], -1)
     q = F.linear(x, t["midlayer.self_attn.q_proj.weight"]).view(1, n, 4, D).transpose(1, 2)
     k = F.linear(x, t["midlayer.self_attn.k_proj.weight"]).view(1, n, 2, D).transpose(1, 2)
@@ -447,14 +451,47 @@ def test_eagle3_norms_map_to_the_engine_roles(targets, natives, tmp_path):
     m = rms(h, t["midlayer.post_attention_layernorm.weight"])
     mlp = F.linear(F.silu(F.linear(m, t["midlayer.mlp.gate_proj.weight"]))
                    * F.linear(m, t["midlayer.mlp.up_proj.weight"]), t["midlayer.mlp.down_proj.weight"])
-    logits = F.linear(rms(h + mlp, t["norm.weight"]), t["lm_head.weight"])
+    return F.linear(rms(h + mlp, t["norm.weight"]), t["lm_head.weight"])
+
+
+def test_eagle3_norms_map_to_the_engine_roles(targets, natives, tmp_path):
+    target = targets["llama"]
+    drafter, native = natives("llama", "eagle3")
+    t = load_file(str(export_drafter(native, "sglang", tmp_path / "sglang") / "model.safetensors"))
+    n = 4
+    ids, carry = torch.tensor([[3, 9, 27, 81]]), torch.randn(1, n, H)
+    logits = eagle3_engine_logits(t, target, ids, carry)
     from draftheads.heads.layers import causal_visible
 
     with torch.no_grad():
-        ours = drafter.draft_logits(drafter.forward_layer(carry, ids, pos, causal_visible(None, 1, n)))
+        out = drafter.forward_layer(carry, ids, torch.arange(n)[None], causal_visible(None, 1, n))
+        ours = drafter.draft_logits(out)
     torch.testing.assert_close(logits, ours, rtol=1e-4, atol=1e-4)
     # d2t holds offsets: draft id i is target token i + d2t[i], and t2d marks exactly those tokens
     assert torch.equal((torch.arange(VD) + t["d2t"]).sort().values, t["t2d"].nonzero().flatten())
+
+
+def test_peagle_mask_slots_from_exported_tensors(targets, natives, tmp_path):
+    """vLLM's parallel drafting from our export: the committed positions (fc of their fused features, their next
+    tokens) and then depths - 1 slots of pard_token with fc(mask_hidden), consecutive positions, one causal forward;
+    the last committed position and the slots give the logits of depths 1..K, as our drafter's one pass does."""
+    target = targets["llama"]
+    drafter, native = natives("llama", "peagle")
+    folder = export_drafter(native, "vllm", tmp_path / "vllm")
+    t, config = load_file(str(folder / "model.safetensors")), json.loads((folder / "config.json").read_text())
+    features, next_tokens = features_for(drafter, target, PROMPT)
+    slots = drafter.config.depths - 1
+    mask_carry = F.linear(t["mask_hidden"].view(1, -1), t["fc.weight"]).expand(1, slots, -1)
+    carry = torch.cat([F.linear(features[..., : 3 * H], t["fc.weight"]), mask_carry], 1)
+    ids = torch.cat([next_tokens, torch.full((1, slots), config["pard_token"])], 1)
+    with torch.no_grad():
+        engine = eagle3_engine_logits(t, target, ids, carry)[:, PROMPT.shape[1] - 1 :]
+        drafter.reset()
+        drafter.observe(features, next_tokens)
+        state = drafter._drafting
+        ours = torch.cat([drafter.draft_logits(state.root_out)[:, None],
+                          drafter.draft_logits(state.slot_outputs(drafter, slots))], 1)
+    torch.testing.assert_close(engine, ours, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("fmt", ["vllm", "sglang"])
@@ -663,10 +700,11 @@ SPECULATORS_CASES = [(family, head) for family, head, fmt in CASES if fmt == "sp
 SPECULATORS_PYTHON = Path(__file__).resolve().parents[2] / ".venv-speculators" / "bin" / "python"
 
 
-def test_the_speculators_package_loads_every_eagle3_export(natives, tmp_path):
-    """speculators' own loader (Eagle3DraftModel / PEagleDraftModel.from_pretrained, in the second virtual environment
-    `make` builds: speculators pins its own transformers and torch) loads our EAGLE-3 and P-EAGLE exports for every
-    family and draft layer: every parameter finite (it fills what it does not find with NaN) and equal to ours."""
+def test_the_speculators_package_loads_every_export(natives, tmp_path):
+    """speculators' own loader (Eagle3DraftModel / PEagleDraftModel / DFlashDraftModel.from_pretrained, in the second
+    virtual environment `make` builds: speculators pins its own transformers and torch) loads our EAGLE-3, P-EAGLE and
+    DFlash exports for every family and draft layer: every parameter finite (it fills what it does not find with NaN)
+    and equal to ours."""
     if not SPECULATORS_PYTHON.is_file():
         if os.environ.get("CI"):
             pytest.fail(f"{SPECULATORS_PYTHON} is missing: CI runs `make test`, which builds it (make "
