@@ -150,6 +150,17 @@ def mean_loss(loss_sum: torch.Tensor, total: int) -> torch.Tensor:
     return loss_sum / max(total, 1)
 
 
+def resolve_mask_token(mask_token_id: int | None, vocab_size: int) -> int:
+    """head.mask_token_id of a block-parallel drafter: an existing row of the target's embedding, by default the last
+    id of the vocabulary."""
+    if mask_token_id is None:
+        return vocab_size - 1
+    if not 0 <= mask_token_id < vocab_size:
+        raise DraftheadsError(f"head.mask_token_id must be a token id of the target (0..{vocab_size - 1}), "
+                              f"got {mask_token_id}")
+    return mask_token_id
+
+
 def batch_features(batch: dict, dtype: torch.dtype) -> torch.Tensor:
     """batch["features"] [b, s, F] in the drafter's dtype (cached features may be bf16)."""
     if "features" not in batch:

@@ -36,7 +36,7 @@ from draftheads.heads.block_training import (
     default_gamma,
     sample_anchors,
 )
-from draftheads.heads.common import batch_features, bind_frozen
+from draftheads.heads.common import batch_features, bind_frozen, resolve_mask_token
 from draftheads.heads.draft_tree import Sampling
 from draftheads.heads.draft_vocab import check_draft_vocab, vocabulary
 from draftheads.heads.files import WeightsOnly
@@ -91,10 +91,7 @@ class DFlashConfig:
         for layer in self.target_layers:
             check(0 <= layer < num_layers,
                   f"head.target_layers: layer {layer} does not exist (the target has {num_layers} layers)")
-        if self.mask_token_id is None:
-            self.mask_token_id = vocab_size - 1
-        check(0 <= self.mask_token_id < vocab_size,
-              f"head.mask_token_id must be a token id of the target (0..{vocab_size - 1}), got {self.mask_token_id}")
+        self.mask_token_id = resolve_mask_token(self.mask_token_id, vocab_size)
         check_draft_vocab(self.draft_vocab_size, vocab_size)
         if self.gamma is None:
             self.gamma = default_gamma(self.block_size)

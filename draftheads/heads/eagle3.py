@@ -58,30 +58,40 @@ class Eagle3Config:
 
     def __post_init__(self):
         check_unroll(self)
-        if self.feature_layers is not None:
-            check(len(self.feature_layers) == 3,
-                  f"head.feature_layers must list 3 target layers, got {len(self.feature_layers)}")
-            # engines capture the layers in layer order: an unsorted list would silently permute fc's input columns
-            check(list(self.feature_layers) == sorted(set(self.feature_layers)),
-                  "head.feature_layers must be 3 different layers in increasing order, got "
-                  f"{list(self.feature_layers)}")
+        check_feature_layers(self.feature_layers)
 
     def resolve(self, num_layers: int, vocab_size: int) -> None:
         """Fill the values derived from the target and check those that depend on it."""
-        if self.draft_layer is None:
-            self.draft_layer = "llama"
-        if self.feature_layers is None:
-            self.feature_layers = default_feature_layers(num_layers)
-        for layer in self.feature_layers:
-            check(0 <= layer < num_layers,
-                  f"head.feature_layers: layer {layer} does not exist (the target has {num_layers} layers)")
-        if self.draft_vocab_size is None:
-            self.draft_vocab_size = min(32000, vocab_size)
-        check_draft_vocab(self.draft_vocab_size, vocab_size)
+        resolve_eagle3(self, num_layers, vocab_size)
 
     @property
     def depth(self) -> int:
         return MAX_TTT_STEPS  # autoregressive: any draft depth
+
+
+def check_feature_layers(layers: list[int] | None) -> None:
+    """head.feature_layers, when given: 3 different layers in increasing order (EAGLE-3 and P-EAGLE)."""
+    if layers is None:
+        return
+    check(len(layers) == 3, f"head.feature_layers must list 3 target layers, got {len(layers)}")
+    # engines capture the layers in layer order: an unsorted list would silently permute fc's input columns
+    check(list(layers) == sorted(set(layers)),
+          f"head.feature_layers must be 3 different layers in increasing order, got {list(layers)}")
+
+
+def resolve_eagle3(config, num_layers: int, vocab_size: int) -> None:
+    """Fill and check what an EAGLE-3-style config (Eagle3Config, PEagleConfig) derives from the target: the draft
+    layer's class, the fused layers and the draft vocabulary's size."""
+    if config.draft_layer is None:
+        config.draft_layer = "llama"
+    if config.feature_layers is None:
+        config.feature_layers = default_feature_layers(num_layers)
+    for layer in config.feature_layers:
+        check(0 <= layer < num_layers,
+              f"head.feature_layers: layer {layer} does not exist (the target has {num_layers} layers)")
+    if config.draft_vocab_size is None:
+        config.draft_vocab_size = min(32000, vocab_size)
+    check_draft_vocab(config.draft_vocab_size, vocab_size)
 
 
 def default_feature_layers(num_layers: int) -> list[int]:

@@ -25,10 +25,10 @@ from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
 from draftheads.heads.block_drafting import tree_from_slots
+from draftheads.heads.common import resolve_mask_token
 from draftheads.heads.draft_layer import LayerDrafting
 from draftheads.heads.draft_tree import Sampling
-from draftheads.heads.draft_vocab import check_draft_vocab
-from draftheads.heads.eagle3 import Eagle3Drafter, default_feature_layers
+from draftheads.heads.eagle3 import Eagle3Drafter, check_feature_layers, resolve_eagle3
 from draftheads.heads.layers import causal_visible
 from draftheads.heads.peagle_training import parallel_training_loss
 
@@ -66,10 +66,7 @@ class PEagleConfig:
         check(0 < self.depth_decay <= 1, f"head.depth_decay must be in (0, 1], got {self.depth_decay}")
         check(self.input_noise >= 0, f"head.input_noise must be >= 0, got {self.input_noise}")
         check(self.draft_vocab_size is None or self.draft_vocab_size > 0, "head.draft_vocab_size must be positive")
-        if self.feature_layers is not None:
-            check(list(self.feature_layers) == sorted(set(self.feature_layers)) and len(self.feature_layers) == 3,
-                  "head.feature_layers must be 3 different layers in increasing order, got "
-                  f"{list(self.feature_layers)}")
+        check_feature_layers(self.feature_layers)
         if self.default_tree is not None:
             tree = parse_tree(self.default_tree, "head.default_tree")
             check(tree.depth <= self.depths, f"head.default_tree is {tree.depth} deep, but P-EAGLE drafts "
@@ -77,20 +74,8 @@ class PEagleConfig:
 
     def resolve(self, num_layers: int, vocab_size: int) -> None:
         """Fill the values derived from the target and check those that depend on it."""
-        if self.draft_layer is None:
-            self.draft_layer = "llama"
-        if self.feature_layers is None:
-            self.feature_layers = default_feature_layers(num_layers)
-        for layer in self.feature_layers:
-            check(0 <= layer < num_layers,
-                  f"head.feature_layers: layer {layer} does not exist (the target has {num_layers} layers)")
-        if self.draft_vocab_size is None:
-            self.draft_vocab_size = min(32000, vocab_size)
-        check_draft_vocab(self.draft_vocab_size, vocab_size)
-        if self.mask_token_id is None:
-            self.mask_token_id = vocab_size - 1
-        check(0 <= self.mask_token_id < vocab_size,
-              f"head.mask_token_id must be a token id of the target (0..{vocab_size - 1}), got {self.mask_token_id}")
+        resolve_eagle3(self, num_layers, vocab_size)
+        self.mask_token_id = resolve_mask_token(self.mask_token_id, vocab_size)
         if self.default_tree is None:
             self.default_tree = f"chain:{self.depths}"
 

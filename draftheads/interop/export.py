@@ -30,7 +30,7 @@ from draftheads.core.run_folder import BEST, DATA_MARKER, DRAFTER, FINAL, incomp
 from draftheads.heads.factory import new_drafter
 from draftheads.interop import deepseek_mtp, llama_cpp, sglang, speculators, tgi, vllm
 from draftheads.interop.layout import Layout
-from draftheads.interop.native import CONFIG, PROVENANCE, WEIGHTS, SavedDrafter
+from draftheads.interop.native import CONFIG, EAGLE3_KINDS, PROVENANCE, WEIGHTS, SavedDrafter
 from draftheads.interop.vocab_mapping import write_vocab_mappings
 
 ENGINES = {"vllm": vllm, "sglang": sglang, "tgi": tgi, "speculators": speculators, "deepseek-mtp": deepseek_mtp,
@@ -107,7 +107,7 @@ def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dty
 def write_mappings(folder: Path, saved: SavedDrafter) -> None:
     """An EAGLE-3 drafter's draft vocabulary also as SpecForge's vocab_mapping.pt and speculators' d2t.npy / t2d.npy,
     for reuse there (and here: train.draft_vocab_from)."""
-    if saved.kind in ("eagle3", "peagle") and "d2t" in saved.state:
+    if saved.kind in EAGLE3_KINDS and "d2t" in saved.state:
         write_vocab_mappings(folder, saved.state["d2t"], int(saved.config["target"]["vocab_size"]))
 
 
@@ -178,7 +178,7 @@ def refusal(saved: SavedDrafter, fmt: str) -> str | None:
     """Why `saved` cannot be exported as `fmt` (None: it can)."""
     kind = saved.kind
     # EAGLE-3 engines build the drafter's layer class
-    family = saved.layer_family if kind in ("eagle3", "peagle") else saved.family
+    family = saved.layer_family if kind in EAGLE3_KINDS else saved.family
     if fmt == "native":
         return None
     if kind == "medusa2":
@@ -189,7 +189,7 @@ def refusal(saved: SavedDrafter, fmt: str) -> str | None:
         loads = sorted({LABELS[other.kind] for other in ENGINES[fmt].LAYOUTS if other.kind in LABELS})
         return f"{fmt} has no loader for {LABELS[kind]} drafters (it loads {', '.join(loads)} drafters only)"
     if layout.families and family not in layout.families:
-        if kind in ("eagle3", "peagle"):
+        if kind in EAGLE3_KINDS:
             return (f"{layout.engine} has no EAGLE-3 class for a {family} draft layer (it builds "
                     f"{', '.join(layout.families)} layers); train with head.draft_layer: llama, which every "
                     "engine loads")

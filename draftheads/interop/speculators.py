@@ -101,27 +101,33 @@ LAYOUTS = (
 )
 
 
-def write_eagle3(s: SavedDrafter):
-    """Eagle3Speculator: the layer's own config, vLLM's aux-layer numbering, a greedy proposal method."""
-    model_type = "qwen3" if s.layer_family == "qwen3" else "llama"
-    layer = engine_layer_config(s.layer_config(), model_type, [], s.dtype, attention_bias=False,
-                                tie_word_embeddings=False)
-    layer.pop("architectures")
-    depth = s.speculative_tokens
+def speculators_fields(s: SavedDrafter, kind: str, architecture: str, layer: dict, tokens: int) -> dict:
+    """What every speculators config.json carries: the model type, the draft layers' config (without architectures),
+    a greedy proposal method of `tokens` drafts, the verifier and the dtype."""
+    layer = {k: v for k, v in layer.items() if k != "architectures"}
     verifier_arch = (s.config.get("target") or {}).get("architecture")
-    config = {
-        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-        "speculators_version": SPECULATORS_VERSION, "transformer_layer_config": layer,
-        **eagle3_fields(s, [layer_id + 1 for layer_id in s.head.feature_layers]),  # vLLM's numbering
+    dtype = str(s.dtype).removeprefix("torch.")
+    return {
+        "architectures": [architecture], "speculators_model_type": kind, "speculators_version": SPECULATORS_VERSION,
+        "transformer_layer_config": layer,
         "speculators_config": {
-            "algorithm": "eagle3",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": depth, "verifier_accept_k": 1,
+            "algorithm": kind,
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": tokens, "verifier_accept_k": 1,
                                   "accept_tolerance": 0.0}],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": s.target_name(), "architectures": [verifier_arch] if verifier_arch else []},
         },
-        "torch_dtype": str(s.dtype).removeprefix("torch."), "dtype": str(s.dtype).removeprefix("torch."),
+        "torch_dtype": dtype, "dtype": dtype,
     }
+
+
+def write_eagle3(s: SavedDrafter, kind: str = "eagle3", architecture: str = "Eagle3Speculator"):
+    """Eagle3Speculator: the layer's own config, vLLM's aux-layer numbering, a greedy proposal method."""
+    model_type = "qwen3" if s.layer_family == "qwen3" else "llama"
+    layer = engine_layer_config(s.layer_config(), model_type, [], s.dtype, attention_bias=False,
+                                tie_word_embeddings=False)
+    config = {**speculators_fields(s, kind, architecture, layer, s.speculative_tokens),
+              **eagle3_fields(s, [layer_id + 1 for layer_id in s.head.feature_layers])}  # vLLM's numbering
     return eagle3_to_engine(s.state, "layers.0."), config, "model.safetensors"
 
 
@@ -133,27 +139,16 @@ def write_dflash(s: SavedDrafter):
     layer = engine_layer_config(s.target_config(), "qwen3", [], s.dtype, num_hidden_layers=layers,
                                 attention_bias=False, tie_word_embeddings=False, hidden_act="silu",
                                 use_sliding_window=False, sliding_window=None, layer_types=["full_attention"] * layers)
-    layer.pop("architectures")
     tensors = dflash_to_engine(s, own_lm_head=True)
     if "t2d" in s.state:
         tensors["t2d"] = s.state["t2d"]
-    verifier_arch = (s.config.get("target") or {}).get("architecture")
     config = {
-        "architectures": ["DFlashSpeculator"], "speculators_model_type": "dflash",
-        "speculators_version": SPECULATORS_VERSION, "transformer_layer_config": layer,
+        **speculators_fields(s, "dflash", "DFlashSpeculator", layer, head.block_size - 1),
         "draft_vocab_size": head.draft_vocab_size or int(s.config["target"]["vocab_size"]),
         "block_size": head.block_size, "target_hidden_size": s.config["target"]["hidden_size"],
         # hidden_states indices, as its EAGLE-3 ids: layer l's output is id l + 1 (z-lab's target_layer_ids + 1)
         "aux_hidden_state_layer_ids": [layer_id + 1 for layer_id in head.target_layers],
         "mask_token_id": head.mask_token_id, "sliding_window_non_causal": False, "sample_from_anchor": False,
-        "speculators_config": {
-            "algorithm": "dflash",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": head.block_size - 1,
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": s.target_name(), "architectures": [verifier_arch] if verifier_arch else []},
-        },
-        "torch_dtype": str(s.dtype).removeprefix("torch."), "dtype": str(s.dtype).removeprefix("torch."),
     }
     return tensors, config, "model.safetensors"
 
@@ -175,13 +170,10 @@ def read_speculators_dflash(config: dict, tensors: dict, target) -> tuple[dict, 
 
 
 def write_peagle(s: SavedDrafter):
-    """PEagleSpeculator: EAGLE-3's folder with mask_hidden, the mask token and its depths as the proposal length."""
-    tensors, config, weights = write_eagle3(s)
-    spec = config["speculators_config"]
-    spec["algorithm"] = "peagle"  # its proposal length is s.speculative_tokens: the depths, unless given
-    config.update(architectures=["PEagleSpeculator"], speculators_model_type="peagle",
-                  mask_token_id=s.head.mask_token_id)
-    return tensors, config, weights
+    """PEagleSpeculator: EAGLE-3's folder with mask_hidden and the mask token; its proposal length is
+    s.speculative_tokens (the depths, unless given)."""
+    tensors, config, weights = write_eagle3(s, "peagle", "PEagleSpeculator")
+    return tensors, {**config, "mask_token_id": s.head.mask_token_id}, weights
 
 
 def refusal(saved: SavedDrafter) -> str | None:

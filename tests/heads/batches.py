@@ -27,6 +27,25 @@ def make_batch(target, feature_layers, b: int = 2, s: int = 16, seed: int = 0, p
     }
 
 
+def row_batch(ids: torch.Tensor, features: torch.Tensor, **extra) -> dict:
+    """One unpadded batch of `ids` with their features, every token counted unless `extra` says otherwise."""
+    ones = torch.ones_like(ids)
+    return {"input_ids": ids, "attention_mask": ones, "loss_mask": ones, "features": features, **extra}
+
+
+def continuation_batch(target, feature_layers, prompt_len: int = 6, new_tokens: int = 40):
+    """(prompt [1, p], answer [1, n], batch): the target's own greedy continuation of a random prompt, as one row
+    whose answer tokens are counted, for tests that train a drafter on it and draft it back."""
+    from draftheads.decoding.generate import speculative_generate
+
+    prompt = torch.randint(0, 300, (1, prompt_len), generator=torch.Generator().manual_seed(4))
+    answer = speculative_generate(target, None, prompt, new_tokens, eos_token_id=[]).tokens
+    ids = torch.cat([prompt, answer], 1)
+    loss_mask = torch.ones_like(ids)
+    loss_mask[0, :prompt_len] = 0
+    return prompt, answer, row_batch(ids, target_features(target, ids, None, feature_layers), loss_mask=loss_mask)
+
+
 @torch.no_grad()
 def target_features(target, ids: torch.Tensor, attention: torch.Tensor | None, feature_layers) -> torch.Tensor:
     hidden = target(ids, attention_mask=attention, output_hidden_states=True).hidden_states

@@ -10,7 +10,7 @@ from draftheads.decoding.generate import speculative_generate
 from draftheads.heads.block_training import block_inputs, block_labels, block_visible, sample_anchors, slot_weights
 from draftheads.heads.dflash import default_target_layers
 from tests.fixtures import make_target
-from tests.heads.batches import perturb, target_features, train_steps
+from tests.heads.batches import continuation_batch, perturb, row_batch, target_features, train_steps
 
 BLOCK = 4
 
@@ -46,11 +46,6 @@ def drafting_output(drafter, target, ids: torch.Tensor, anchor: int) -> torch.Te
     drafter.observe(target_features(target, prefix, None, drafter.feature_layers), ids[:, 1 : anchor + 1])
     state = drafter._drafting
     return drafter.run_block(state.root_token, state.committed, state.context)[0]
-
-
-def row_batch(ids: torch.Tensor, features: torch.Tensor, **extra) -> dict:
-    ones = torch.ones_like(ids)
-    return {"input_ids": ids, "attention_mask": ones, "loss_mask": ones, "features": features, **extra}
 
 
 def test_every_training_block_equals_the_block_drafted_at_its_anchor(target):
@@ -123,13 +118,8 @@ def test_a_trained_drafter_drafts_the_continuation_it_learned(target):
     """Trained on the target's own greedy continuation of a prompt, the drafter's blocks hold it: speculative
     decoding of that prompt accepts most of every block."""
     torch.manual_seed(0)
-    prompt = torch.randint(0, 300, (1, 6), generator=torch.Generator().manual_seed(4))
-    answer = speculative_generate(target, None, prompt, 40, eos_token_id=[]).tokens
-    ids = torch.cat([prompt, answer], 1)
     drafter = draftheads.build_drafter("dflash", target, block_size=BLOCK, num_layers=1, anchors=64)
-    loss_mask = torch.ones_like(ids)
-    loss_mask[0, :6] = 0
-    batch = row_batch(ids, target_features(target, ids, None, drafter.feature_layers), loss_mask=loss_mask)
+    prompt, answer, batch = continuation_batch(target, drafter.feature_layers)
     drafter.train()
     losses, _ = train_steps(drafter, batch, steps=150, lr=3e-3)
     assert losses[-1] < 0.1 * losses[0]

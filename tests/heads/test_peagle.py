@@ -9,7 +9,7 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.decoding.generate import speculative_generate
 from draftheads.heads.peagle_training import cod_slots, parallel_forward, slot_visible
 from tests.fixtures import make_target
-from tests.heads.batches import perturb, target_features, train_steps
+from tests.heads.batches import continuation_batch, perturb, row_batch, target_features, train_steps
 
 DEPTHS = 4
 CLOSE = {"atol": 1e-4, "rtol": 1e-4}  # fp32 sums over differently masked key sets
@@ -24,11 +24,6 @@ def peagle(target, **cfg):
     drafter = draftheads.build_drafter("peagle", target, **{"depths": DEPTHS, "cod_min": 1.0, **cfg})
     perturb(drafter, scale=0.2)
     return drafter.eval()
-
-
-def row_batch(ids: torch.Tensor, features: torch.Tensor, **extra) -> dict:
-    ones = torch.ones_like(ids)
-    return {"input_ids": ids, "attention_mask": ones, "loss_mask": ones, "features": features, **extra}
 
 
 def drafted_outputs(drafter, target, ids: torch.Tensor, anchor: int) -> torch.Tensor:
@@ -115,13 +110,8 @@ def test_a_trained_drafter_drafts_the_continuation_it_learned(target):
     """Trained on the target's own greedy continuation of a prompt, one pass drafts it: speculative decoding of that
     prompt accepts most of every chain."""
     torch.manual_seed(0)
-    prompt = torch.randint(0, 300, (1, 6), generator=torch.Generator().manual_seed(4))
-    answer = speculative_generate(target, None, prompt, 40, eos_token_id=[]).tokens
-    ids = torch.cat([prompt, answer], 1)
     drafter = draftheads.build_drafter("peagle", target, depths=3, cod_min=1.0, input_noise=0.0)
-    loss_mask = torch.ones_like(ids)
-    loss_mask[0, :6] = 0
-    batch = row_batch(ids, target_features(target, ids, None, drafter.feature_layers), loss_mask=loss_mask)
+    prompt, answer, batch = continuation_batch(target, drafter.feature_layers)
     drafter.train()
     losses, _ = train_steps(drafter, batch, steps=150, lr=3e-3)
     assert losses[-1] < losses[0]   # soft labels: the floor is the target's entropy, not 0
