@@ -64,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_train, parser=p)
 
     p = sub.add_parser("eval", help="measure acceptance and speedup of drafters in our generation loop")
-    p.add_argument("drafters", nargs="*", help="drafter or run folders; FOLDER+lookup[-switch|-gate] for a combination "
-                                               "with prompt lookup, which is always measured")
+    p.add_argument("drafters", nargs="*", help="drafter or run folders; 'suffix' for suffix decoding; "
+                                               "FOLDER+lookup[-switch|-gate] or FOLDER+suffix[-switch|-gate] for a "
+                                               "combination with prompt lookup (always measured) or suffix decoding")
     p.add_argument("--target", default=None, help="target spec (default: the drafter's target)")
     # unset flags take the eval: section of the recipe that trained the first drafter, else its defaults
     _prompt_args(p)

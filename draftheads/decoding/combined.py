@@ -66,6 +66,16 @@ def graft(tree: Tree, tokens: list[int], chain: list[int]) -> tuple[Tree, list[i
     return merged, [by_path[()]] + [by_path[p] for p in merged.paths]
 
 
+def graft_paths(tree: Tree, tokens: list[int], paths: list[list[int]]) -> tuple[Tree, list[int]]:
+    """`graft` of every path in turn (the leaves of a copied tree: shared prefixes merge again)."""
+    for path in paths:
+        tree, tokens = graft(tree, tokens, path)
+    return tree, tokens
+
+
+ROOT_ONLY = Tree.from_paths([])
+
+
 class CombinedDrafter:
     """Learned drafter + prompt lookup: the learned tree with the lookup chain as an extra branch (with `switch`,
     the lookup chain alone while the text is being copied; with `gate`, the learned tree only while it pays). One
@@ -85,8 +95,8 @@ class CombinedDrafter:
         self.reset_state()
 
     def reset_state(self) -> None:
-        self.last_chain: list[int] = []   # the lookup chain proposed last step ([] when none)
-        self.copied = 0                   # how many of its tokens the last step committed
+        self.last_paths: list[list[int]] = []   # the copied paths proposed last step ([] when none)
+        self.copied = 0                          # how many of their tokens the last step committed
         self.drafted: bool | None = None  # whether this step drafted the learned tree (None: no step proposed yet)
         self.unread: list[tuple[torch.Tensor, torch.Tensor]] = []   # committed positions the learned drafter lacks
         self.learned_started = False
@@ -111,13 +121,13 @@ class CombinedDrafter:
         else:
             self.learned.observe(features, next_tokens)
             self.learned_started = True
-        # the step's accepted drafts come first in next_tokens: how far along the chain they went
+        # the step's accepted drafts come first in next_tokens: how far along a copied path they went
         committed = next_tokens[0].tolist()
-        self.copied = shared_prefix_length(self.last_chain, committed)
+        self.copied = max((shared_prefix_length(path, committed) for path in self.last_paths), default=0)
         if self.gate is not None and self.drafted is not None:
-            without = self.copied + 1   # the chain's accepted prefix, then the target's own token
-            self.gate.record(bool(self.last_chain), self.drafted, without, len(committed) - without)
-        self.last_chain, self.drafted = [], None
+            without = self.copied + 1   # the copied prefix, then the target's own token
+            self.gate.record(bool(self.last_paths), self.drafted, without, len(committed) - without)
+        self.last_paths, self.drafted = [], None
 
     def read_unread(self) -> None:
         """Give the learned drafter the positions committed since it last drafted, in one pass."""
@@ -132,20 +142,22 @@ class CombinedDrafter:
         return self.learned.default_tree
 
     def propose(self, tree, *, temperature=0.0, top_k=0, top_p=1.0, generator=None) -> Proposal:
-        if len(self.lookup.history) != 1:
-            raise DraftheadsError("the combined learned + lookup drafter drafts one sequence at a time (batch 1)")
-        history = self.lookup.history[0]
-        chain = self.last_chain = self.lookup.chain(history, self.lookup_depth)
+        paths = self.last_paths = self.lookup.copy_paths(self.lookup_depth)
         if self.gate is not None:
-            self.drafted = self.gate.draft_learned(bool(chain))
+            self.drafted = self.gate.draft_learned(bool(paths))
         else:
-            self.drafted = not (self.switch and chain and self.copied >= self.copy_after)
-        if not self.drafted:   # the lookup chain alone (the root alone, a plain step, when lookup found nothing)
-            return Proposal(Tree.chain(len(chain)),
-                            torch.tensor([[history[-1], *chain]], dtype=torch.long, device=self.lookup.device))
+            self.drafted = not (self.switch and paths and self.copied >= self.copy_after)
+        if not self.drafted:   # the copied paths alone (the root alone, a plain step, when nothing was found)
+            merged, tokens = graft_paths(ROOT_ONLY, [self.lookup.pending], paths)
+            return Proposal(merged, torch.tensor([tokens], dtype=torch.long, device=self.lookup.device))
         self.read_unread()
         base = self.learned.propose(tree, temperature=temperature, top_k=top_k, top_p=top_p, generator=None)
-        if not chain:
+        if not paths:
             return Proposal(base.tree, base.tokens)
-        merged, tokens = graft(base.tree, base.tokens[0].tolist(), chain)
+        merged, tokens = graft_paths(base.tree, base.tokens[0].tolist(), paths)
         return Proposal(merged, torch.tensor([tokens], dtype=torch.long, device=base.tokens.device))
+
+    @property
+    def copy_nodes(self) -> int:
+        """The most nodes the copied paths add to the learned tree."""
+        return self.lookup.copy_budget(self.lookup_depth)

@@ -54,6 +54,24 @@ class PromptLookupDrafter:
                     tokens[row, node] = trie[path]
         return Proposal(kept, tokens.to(self.device))
 
+    @property
+    def pending(self) -> int:
+        """The last token of the text (the pending token), for a drafter of one row."""
+        return self.history[0][-1]
+
+    def copy_paths(self, depth: int) -> list[list[int]]:
+        """The chain below the root, as the one path a combination grafts onto a learned tree ([] when nothing
+        matches); one row only."""
+        if len(self.history) != 1:
+            raise DraftheadsError("a combination with prompt lookup drafts one sequence at a time; the generation "
+                                  "loop gives each row a copy")
+        chain = self.chain(self.history[0], depth)
+        return [chain] if chain else []
+
+    def copy_budget(self, depth: int) -> int:
+        """The most nodes copy_paths(depth) adds to a tree."""
+        return depth
+
     def continuations(self, history: list[int], length: int) -> list[list[int]]:
         """What followed earlier occurrences of the text's last n tokens: longest n first, most recent first."""
         text = torch.tensor(history, dtype=torch.long)

@@ -15,7 +15,7 @@ from draftheads.decoding.stats import GenerationStats
 from draftheads.evaluation.auto_tree import auto_tree, expected_accepted
 from draftheads.evaluation.conversations import EvalSettings, first_chat
 from draftheads.evaluation.cost_model import fastest_tree
-from draftheads.evaluation.entries import Entry, learned_source
+from draftheads.evaluation.entries import Entry, copier_entry, learned_source
 from draftheads.evaluation.measure import RunConfig, generate_conversations
 from draftheads.evaluation.profile import drafter_profile, folder_fingerprint
 from draftheads.evaluation.report import describe_tree
@@ -29,7 +29,7 @@ def profile_entry(model, tokenizer, entry: Entry, calibration, settings: EvalSet
     prompt = torch.tensor(first_chat(tokenizer, calibration[0], settings).input_ids, device=model.device)
     folder = entry.info.get("folder")
     key = {"drafter": entry.name, "kind": entry.kind, "folder": folder_fingerprint(Path(folder)) if folder else None,
-           "lookup_depth": getattr(entry.drafter, "lookup_depth", None)}
+           "lookup_depth": getattr(entry.drafter, "lookup_depth", None), "copier": entry.info.get("copier")}
     return drafter_profile(model, entry.drafter, prompt=prompt, name=entry.name, key=key, draft_limit=entry.draft_limit,
                            progress=lambda line: print(line, flush=True))
 
@@ -76,7 +76,7 @@ def fit_auto_trees(model, tokenizer, entries: list[Entry], calibration, settings
         if entry.kind == "combined":
             source = learned_source(entries, entry)
             entry.tree, entry.depth = source.tree, source.depth
-            entry.info.update(tree=f"{source.info['tree']} + lookup chain:{entry.drafter.lookup_depth}")
+            entry.info.update(tree=f"{source.info['tree']} + {entry.info['copied']}")
 
 
 def price_gates(model, tokenizer, entries: list[Entry], calibration, settings: EvalSettings, profile,
@@ -92,7 +92,8 @@ def price_gates(model, tokenizer, entries: list[Entry], calibration, settings: E
         return GenerationStats.merged(generate_conversations(model, tokenizer, [c], entry, RunConfig("greedy", 0.0),
                                                              settings)[0].stats for c in calibration)
 
-    alone = timed(next(e for e in entries if e.kind == "lookup"))
+    alone = {copier: timed(copier_entry(entries, entry)) for copier, entry in
+             {entry.info["copier"]: entry for entry in gated}.items()}
     context = sum(lengths) / max(1, len(lengths)) + settings.max_new_tokens / 2
     for entry in gated:
         source = learned_source(entries, entry)
@@ -101,11 +102,11 @@ def price_gates(model, tokenizer, entries: list[Entry], calibration, settings: E
 
         def estimate() -> GateCosts:   # called only for a situation the calibration prompts never met
             estimated.append(gate_costs(profile, profile_entry(model, tokenizer, source, calibration, settings),
-                                        used.num_nodes, used.depth, entry.drafter.lookup_depth, context))
+                                        used.num_nodes, used.depth, entry.drafter.copy_nodes, context))
             return estimated[-1]
 
         # timed before it has a gate: the plain graft, drafting the learned tree every step
-        costs = measured_costs(alone, timed(entry), used.num_nodes, estimate)
+        costs = measured_costs(alone[entry.info["copier"]], timed(entry), used.num_nodes, estimate)
         entry.drafter.gate = LearnedGate(costs)
         entry.info["gate"] = (f"learned tree drafted while its added tokens / lookup's beat what it adds to a step: "
                               f"{costs.without_chain:.2f} without a lookup chain, {costs.with_chain:.2f} with one")

@@ -1,5 +1,5 @@
 """The drafters under test (`Entry`), built from drafter specs (evaluation/drafter_specs.py): the prompt-lookup
-baseline first, then each learned drafter and its combinations with prompt lookup."""
+baseline first, suffix decoding when asked for, then each learned drafter and its combinations with either."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import DynamicTreeSpec, Tree
 from draftheads.decoding.combined import CombinedDrafter
 from draftheads.decoding.lookup import PromptLookupDrafter
-from draftheads.evaluation.drafter_specs import LOOKUP_NAMES, MODE_SUFFIX, split_spec
+from draftheads.decoding.suffix import OutputCache, SuffixDrafter
+from draftheads.evaluation.drafter_specs import SUFFIX_NAMES, combination_name, model_free, split_spec
 from draftheads.evaluation.report import describe_tree
 from draftheads.evaluation.saved_runs import run_recipe
 from draftheads.interop.load import load_drafter
@@ -27,12 +28,13 @@ class Entry:
     can draft (Medusa's heads, MTP's modules; None: any)."""
 
     name: str
-    kind: str  # 'lookup' | 'learned' | 'combined'
+    kind: str  # 'lookup' | 'suffix' | 'learned' | 'combined'
     drafter: object
     tree: object
     depth: int
     info: dict = field(default_factory=dict)
     draft_limit: int | None = None
+    suffix: SuffixDrafter | None = None   # its suffix-decoding part, whose output cache a run starts empty
 
     @property
     def used_tree(self) -> Tree | DynamicTreeSpec:
@@ -41,28 +43,37 @@ class Entry:
 
     @property
     def nodes(self) -> int:
-        """Tree nodes a step verifies at most (a combination's lookup chain included)."""
-        return self.used_tree.num_nodes + (self.drafter.lookup_depth if self.kind == "combined" else 0)
+        """Tree nodes a step verifies at most (a combination's copied paths included)."""
+        return self.used_tree.num_nodes + (self.drafter.copy_nodes if self.kind == "combined" else 0)
+
+    def output_cache(self) -> OutputCache | None:
+        """An empty output cache for its suffix-decoding part (None without one): each run over the prompts starts
+        with its own, as a fresh server process would, so no run sees outputs of the same prompts from another."""
+        return self.suffix.outputs.emptied() if self.suffix is not None else None
 
 
 def build_entries(specs: list[str], model, requested: Tree | DynamicTreeSpec | None,
                   combined: list[str] = ()) -> list[Entry]:
-    """The prompt-lookup baseline first, then each learned drafter (and its combinations with lookup: modes
-    'graft', 'switch' and 'gate', from the spec's suffix and `combined`)."""
+    """The prompt-lookup baseline first, suffix decoding when a spec names it (alone or in a combination), then
+    each learned drafter (and its combinations: modes 'graft', 'switch' and 'gate' with the copier a spec names,
+    and `combined` modes with prompt lookup)."""
     lookup_tree = requested if isinstance(requested, Tree) else None
     entries = [lookup_entry(lookup_tree)]
+    parts = [split_spec(spec) for spec in specs]
+    if any(path in SUFFIX_NAMES or copier == "suffix" for path, copier, _ in parts):
+        entries.append(suffix_entry(requested))
     learned = {}
-    for spec in specs:
-        path, mode = split_spec(spec)
-        if path in LOOKUP_NAMES:
+    for path, copier, mode in parts:
+        if model_free(path):
             continue
         if path not in learned:
             learned[path] = learned_entry(path, model, requested, [e.name for e in entries])
             entries.append(learned[path])
-        for each in ([mode] if mode else []) + list(combined):
-            name = learned[path].name + MODE_SUFFIX[each]
+        wanted = ([(copier, mode)] if mode else []) + [("lookup", each) for each in combined]
+        for each_copier, each_mode in wanted:
+            name = combination_name(learned[path].name, each_copier, each_mode)
             if name not in [e.name for e in entries]:
-                entries.append(combined_entry(learned[path], name, each))
+                entries.append(combined_entry(learned[path], name, each_mode, each_copier))
     return entries
 
 
@@ -71,6 +82,18 @@ def lookup_entry(tree: Tree | None) -> Entry:
     used = tree or drafter.default_tree
     return Entry("prompt-lookup", "lookup", drafter, tree, used.depth,
                  {"tree": describe_tree(used), "max_ngram": drafter.max_ngram, "min_ngram": drafter.min_ngram})
+
+
+def suffix_entry(tree: Tree | DynamicTreeSpec | None) -> Entry:
+    drafter = SuffixDrafter()
+    used = tree or drafter.default_tree
+    return Entry("suffix", "suffix", drafter, tree, used.depth, {"tree": describe_tree(used), **suffix_info(drafter)},
+                 suffix=drafter)
+
+
+def suffix_info(drafter: SuffixDrafter) -> dict:
+    return {"max_match": drafter.max_match, "max_nodes": drafter.max_nodes, "spec_factor": drafter.spec_factor,
+            "min_prob": drafter.min_prob, "max_cached_tokens": drafter.outputs.max_tokens}
 
 
 def learned_entry(path: str, model, tree, taken: list[str]) -> Entry:
@@ -88,14 +111,25 @@ def learned_entry(path: str, model, tree, taken: list[str]) -> Entry:
     return Entry(name, "learned", drafter, tree, used.depth, info, draft_limit=drafter.config.depth)
 
 
-def combined_entry(learned: Entry, name: str, mode: str = "graft") -> Entry:
-    """The combination of `learned` with prompt lookup in `mode`; a gate is given its costs once the tree and the
-    machine's profile are known (evaluation/calibration.py: price_gates)."""
-    drafter = CombinedDrafter(learned.drafter, lookup_depth=LOOKUP_DEPTH, switch=mode == "switch")
-    info = {**learned.info, "combined_with": "prompt-lookup", "mode": mode, "lookup_depth": drafter.lookup_depth,
-            "tree": f"{learned.info['tree']} + lookup chain:{drafter.lookup_depth}",
-            "switch": f"lookup chain alone after {drafter.copy_after}+ copied tokens" if mode == "switch" else None}
-    return Entry(name, "combined", drafter, learned.tree, learned.depth, info, draft_limit=learned.draft_limit)
+def combined_entry(learned: Entry, name: str, mode: str = "graft", copier: str = "lookup") -> Entry:
+    """The combination of `learned` with prompt lookup or suffix decoding (`copier`) in `mode`; a gate is given its
+    costs once the tree and the machine's profile are known (evaluation/calibration.py: price_gates)."""
+    suffix = SuffixDrafter() if copier == "suffix" else None
+    drafter = CombinedDrafter(learned.drafter, suffix or PromptLookupDrafter(), lookup_depth=LOOKUP_DEPTH,
+                              switch=mode == "switch")
+    copied = (f"suffix tree of up to {drafter.copy_nodes} nodes, {LOOKUP_DEPTH} deep" if suffix
+              else f"lookup chain:{drafter.lookup_depth}")
+    info = {**learned.info, "combined_with": "suffix" if suffix else "prompt-lookup", "copier": copier, "mode": mode,
+            "lookup_depth": drafter.lookup_depth, "copied": copied, "tree": f"{learned.info['tree']} + {copied}",
+            **(suffix_info(suffix) if suffix else {}),
+            "switch": f"copied paths alone after {drafter.copy_after}+ copied tokens" if mode == "switch" else None}
+    return Entry(name, "combined", drafter, learned.tree, learned.depth, info, draft_limit=learned.draft_limit,
+                 suffix=suffix)
+
+
+def copier_entry(entries: list[Entry], combined: Entry) -> Entry:
+    """The model-free drafter's own entry (prompt lookup or suffix decoding) a combination was built with."""
+    return next(e for e in entries if e.kind == combined.info["copier"])
 
 
 def learned_source(entries: list[Entry], combined: Entry) -> Entry:

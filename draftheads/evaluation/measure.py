@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from draftheads.data.chat import add_reply
 from draftheads.decoding.generate import speculative_generate
 from draftheads.decoding.stats import GenerationStats
+from draftheads.decoding.suffix import OutputCache
 from draftheads.evaluation.conversations import Conversation, EvalSettings, first_chat
 from draftheads.evaluation.entries import Entry
 
@@ -76,10 +77,13 @@ def reply_logprob(model, context: list[int], reply: list[int]) -> tuple[float, i
 
 def generate_conversations(model, tokenizer, convs: list[Conversation], entry: Entry | None, cfg: RunConfig,
                            settings: EvalSettings, logprob: bool = False, max_new_tokens: int | None = None,
-                           plain_above: int | None = None) -> list[Output]:
+                           plain_above: int | None = None, outputs: OutputCache | None = None) -> list[Output]:
     """Answer every user turn of each of `convs` with `entry`'s drafter (None: plain decoding), decoding them as
     one batch: turn t of every conversation that is still going is generated together, each row with the
-    seed it would have alone (seed + 1000 * prompt index + t)."""
+    seed it would have alone (seed + 1000 * prompt index + t). A suffix-decoding drafter drafts from `outputs`
+    (the outputs of its earlier runs in the same measurement), else from an empty cache."""
+    if entry is not None and entry.suffix is not None:
+        entry.suffix.outputs = outputs if outputs is not None else entry.output_cache()
     chats = [first_chat(tokenizer, conv, settings) for conv in convs]
     outs = [Output([], GenerationStats()) for _ in convs]
     turn = 0
@@ -142,7 +146,9 @@ def measure(model, tokenizer, conversations: list[Conversation], entries: list[E
     Conversations go in blocks of the largest batch size; within a block each batch size decodes the block
     in consecutive batches, each batch with plain decoding and then every drafter x config (the order of
     batch sizes and of jobs alternating from block to block and batch to batch), so the speedup at every
-    batch size is a ratio of runs made side by side.
+    batch size is a ratio of runs made side by side. Suffix decoding keeps one output cache per batch size,
+    drafter and config, so it drafts from the outputs of the conversations before, never from another run of
+    the same ones.
     """
     groups = jobs_for(entries, configs)
     sizes = list(batch_sizes)
@@ -151,6 +157,7 @@ def measure(model, tokenizer, conversations: list[Conversation], entries: list[E
     total = sum(-(-len(conversations) // size) for size in sizes) * runs_per_batch
     bar = tqdm(total=total, desc="draftheads eval", unit="run", disable=not progress, mininterval=1.0)
     found = {size: Measurements() for size in sizes}
+    caches: dict = {}
     if conversations:
         warm_up(model, tokenizer, conversations[:block], entries, settings, sizes)
     flip = 0
@@ -163,8 +170,11 @@ def measure(model, tokenizer, conversations: list[Conversation], entries: list[E
                         bar.set_postfix_str(f"B={size} prompts {first + 1}-{first + len(batch)}/{len(conversations)} "
                                             f"{entry.name if entry else 'plain'} {cfg.rule} T={cfg.temperature:g}",
                                             refresh=False)
+                        outputs = (caches.setdefault((size, entry.name, cfg), entry.output_cache())
+                                   if entry is not None else None)
                         outs = generate_conversations(model, tokenizer, batch, entry, cfg, settings,
-                                                      logprob=cfg.temperature > 0, plain_above=plain_above)
+                                                      logprob=cfg.temperature > 0, plain_above=plain_above,
+                                                      outputs=outputs)
                         store = found[size].plain[key] if entry is None else found[size].spec[(entry.name, cfg)]
                         store += outs
                         bar.update(1)

@@ -16,6 +16,7 @@ from draftheads.decoding.decoder import Decoder
 from draftheads.decoding.gate import GateCosts, LearnedGate
 from draftheads.decoding.generate import speculative_generate
 from draftheads.decoding.lookup import PromptLookupDrafter
+from draftheads.decoding.suffix import SuffixDrafter
 from draftheads.decoding.settings import decode_settings
 from tests.decoding.stubs import OracleDrafter, RandomDrafter
 from tests.decoding.test_greedy import prompt_ids, target
@@ -33,11 +34,15 @@ KINDS = {
     "dflash": lambda model: draftheads.build_drafter("dflash", model, block_size=4),
     "peagle": lambda model: draftheads.build_drafter("peagle", model, depths=3, draft_vocab_size=128),
     "lookup": lambda model: PromptLookupDrafter(),
+    "suffix": lambda model: SuffixDrafter(),
     "combined": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model)),
     "switch": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model), switch=True),
     "gate": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model),
                                           gate=LearnedGate(GateCosts(0.3, 0.3))),
     "combined-dflash": lambda model: CombinedDrafter(draftheads.build_drafter("dflash", model, block_size=4)),
+    "combined-suffix": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model), SuffixDrafter()),
+    "gate-suffix": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model), SuffixDrafter(),
+                                                 gate=LearnedGate(GateCosts(0.3, 0.3))),
 }
 TREES = {"chain": "chain:3", "static": STATIC, "dynamic": "dynamic:3,3,8"}
 STATIC_ONLY = {"medusa", "lookup"}

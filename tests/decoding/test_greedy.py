@@ -11,6 +11,7 @@ import torch
 from draftheads.core.tree import Tree
 from draftheads.decoding.generate import speculative_generate
 from draftheads.decoding.lookup import PromptLookupDrafter
+from draftheads.decoding.suffix import SuffixDrafter
 from tests.decoding.stubs import OracleDrafter, RandomDrafter
 from tests.fixtures import FAMILIES, make_target, make_tokenizer
 
@@ -37,6 +38,8 @@ def make_drafter(kind: str, model, tree):
         return OracleDrafter(model, int(ids[0, 0]), tree=tree)
     if kind == "noisy":
         return OracleDrafter(model, int(ids[0, 0]), noise=0.3, seed=1, tree=tree)
+    if kind == "suffix":   # grows its own trees within the one it is given
+        return SuffixDrafter(max_nodes=tree.num_nodes - 1, max_match=max(1, 24 - tree.depth))
     return PromptLookupDrafter(tree=tree)
 
 
@@ -48,7 +51,7 @@ def plain(family: str, attn: str, max_new: int, eos=()):
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("shape", TREES)
-@pytest.mark.parametrize("kind", ["random", "oracle", "noisy", "lookup"])
+@pytest.mark.parametrize("kind", ["random", "oracle", "noisy", "lookup", "suffix"])
 def test_greedy_matches_plain(kind, shape, family, attn):
     model = target(family, attn)
     drafter = make_drafter(kind, model, TREES[shape])

@@ -323,23 +323,27 @@ def block_drafter(model, kind: str = "dflash"):
     return drafter.eval()
 
 
-@pytest.mark.parametrize("kind", ["random", "dflash", "peagle"])
+@pytest.mark.parametrize("kind", ["random", "dflash", "peagle", "suffix"])
 def test_real_loop_two_token_joint_matches_plain_sampling(kind, temperature=0.8, top_k=6, top_p=0.9):
     """speculative_generate with a deliberately poor drafter (q unrelated to the target, children sampled from it;
-    or an untrained block drafter, whose per-slot q serves every node of a depth) emits (y1, y2) with plain
-    sampling's joint law."""
+    or an untrained block drafter, whose per-slot q serves every node of a depth; or suffix decoding, whose drafts
+    come from the outputs of the runs before, kept in its shared cache) emits (y1, y2) with plain sampling's joint
+    law."""
     from draftheads.decoding.generate import speculative_generate
+    from draftheads.decoding.suffix import SuffixDrafter
     from tests.decoding.stubs import RandomDrafter
 
     model, prompt, runs = small_target(layers=3 if kind == "peagle" else 1), torch.tensor([[2, 5, 7, 3, 9]]), 1200
     tree = Tree.from_paths([(0,), (1,), (0, 0)])
-    drafter = RandomDrafter(16, sampled=True, tree=tree) if kind == "random" else block_drafter(model, kind)
+    drafters = {"random": lambda: RandomDrafter(16, sampled=True, tree=tree), "suffix": lambda: SuffixDrafter()}
+    drafter = drafters[kind]() if kind in drafters else block_drafter(model, kind)
     counts = torch.zeros(16 * 16)
     accepted = 0
+    length = 3 if kind == "suffix" else 2   # a third token, so the cache holds what followed y1 in earlier runs
     for seed in range(runs):
-        out = speculative_generate(model, drafter, prompt, 2, accept="strict", temperature=temperature, top_k=top_k,
-                                   top_p=top_p, seed=seed, eos_token_id=[])
-        y1, y2 = out.tokens[0].tolist()
+        out = speculative_generate(model, drafter, prompt, length, accept="strict", temperature=temperature,
+                                   top_k=top_k, top_p=top_p, seed=seed, eos_token_id=[])
+        y1, y2 = out.tokens[0, :2].tolist()
         counts[y1 * 16 + y2] += 1
         accepted += sum(out.stats.step_accepted)
     assert 0 < accepted < runs    # the drafter is poor but not useless: both branches of the rule ran

@@ -25,7 +25,7 @@ from draftheads.evaluation.conversations import Conversation, EvalSettings
 from draftheads.evaluation.entries import Entry
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
-from draftheads.evaluation.measure import RunConfig, measure, plan_configs, reply_logprob
+from draftheads.evaluation.measure import RunConfig, generate_conversations, measure, plan_configs, reply_logprob
 from draftheads.evaluation.report import TABLE_COLUMNS
 from draftheads.evaluation.results import build_rows
 from draftheads.evaluation.summary import chain_speedup, estimate_alpha, summarise
@@ -182,7 +182,8 @@ def test_switch_keeps_greedy_output_and_drafts_lookup_alone_in_a_loop():
         propose = drafter.propose
         def counted(*args, **kw):
             proposal = propose(*args, **kw)
-            alone.append(switch and proposal.tree.num_nodes == 1 + len(drafter.last_chain) > 1)
+            alone.append(switch and bool(drafter.last_paths)
+                         and proposal.tree.num_nodes == 1 + len(drafter.last_paths[0]))
             return proposal
         drafter.propose = counted
         out = speculative_generate(model, drafter, PROMPTS[2], 60, tree="chain:3", eos_token_id=[])
@@ -193,9 +194,11 @@ def test_switch_keeps_greedy_output_and_drafts_lookup_alone_in_a_loop():
 def test_combination_modes_and_their_spec_suffixes():
     from draftheads.evaluation.drafter_specs import split_spec
 
-    assert (split_spec("runs/x+lookup-switch") == ("runs/x", "switch")
-            and split_spec("runs/x+lookup") == ("runs/x", "graft"))
-    assert split_spec("runs/x+lookup-gate") == ("runs/x", "gate") and split_spec("runs/x") == ("runs/x", None)
+    assert (split_spec("runs/x+lookup-switch") == ("runs/x", "lookup", "switch")
+            and split_spec("runs/x+lookup") == ("runs/x", "lookup", "graft"))
+    assert split_spec("runs/x+lookup-gate") == ("runs/x", "lookup", "gate")
+    assert split_spec("runs/x+suffix") == ("runs/x", "suffix", "graft")
+    assert split_spec("runs/x+suffix-gate") == ("runs/x", "suffix", "gate") and split_spec("x") == ("x", None, None)
     assert EvalConfig(combined="graft").combined_modes == ["graft"]
     assert EvalConfig(combined="all").combined_modes == ["graft", "switch", "gate"]
     assert EvalConfig().combined_modes == [] and EvalConfig(combined="gate").combined_modes == ["gate"]
@@ -390,6 +393,37 @@ def test_run_eval_predicts_every_row_before_running_it_and_fits_trees_for_speed(
     assert all(ids == [1] for ids in order[: measured[0]])           # everything before the measurements: calibration
 
 
+def test_suffix_decoding_alone_and_gated_beside_a_learned_drafter(eagle_run, tmp_path):
+    """'suffix' and 'FOLDER+suffix-gate' are measured beside the lookup baseline: exact in fp32 greedy, the gate
+    priced against suffix decoding alone."""
+    folder, prompts = eagle_run
+    out = run_eval(["suffix", f"{folder}+suffix-gate"], EvalConfig(prompts=str(prompts), tree="chain:2",
+                                                                   max_new_tokens=6),
+                   target_model=fixture(), out=str(tmp_path / "eval"), progress=False)
+    report = json.loads((out / "report.json").read_text())
+    assert [d["name"] for d in report["drafters"]] == ["prompt-lookup", "suffix", "eagle-tiny",
+                                                       "eagle-tiny+suffix-gate"]
+    gated = report["drafters"][-1]
+    assert gated["combined_with"] == "suffix" and "suffix tree of up to 16 nodes" in gated["tree"]
+    assert "without a lookup chain" in gated["gate"]
+    assert all(row["greedy_mismatches"] == 0 for row in report["results"])
+
+
+def test_each_run_of_suffix_decoding_starts_from_an_empty_output_cache():
+    """A prompt answered again drafts its whole earlier answer from the cache, but only within one run: a run
+    given no cache starts empty, so no measurement sees outputs of the same prompts from another."""
+    from draftheads.evaluation.entries import suffix_entry
+
+    model, tokenizer = fixture()
+    entry, cfg, conv = suffix_entry(None), RunConfig("greedy", 0.0), conversations(1)
+    first, again = (generate_conversations(model, tokenizer, conv, entry, cfg, settings(12))[0] for _ in range(2))
+    assert first.stats.step_accepted == again.stats.step_accepted
+    shared = entry.output_cache()
+    first, again = (generate_conversations(model, tokenizer, conv, entry, cfg, settings(12), outputs=shared)[0]
+                    for _ in range(2))
+    assert first.tokens == again.tokens and again.stats.steps < first.stats.steps
+
+
 def test_tau_from_an_earlier_report_feeds_the_prediction_of_matching_rows(eagle_run, tmp_path, capsys):
     """The earlier report's tau and nodes per step (not its timings) replace the calibration prompts' for rows with the
     same drafter, tree, rule and temperature; the other rows keep the calibration prompts' and say so."""
@@ -461,12 +495,13 @@ def test_auto_tree_fitted_from_measured_accuracies():
     """An oracle's rank-0 draft is always right: the best tree of 4 nodes is the chain of 4. A random drafter
     never matches: the fit falls back to chain:1 and says so."""
     from draftheads.evaluation.calibration import fit_auto_trees
+    from draftheads.evaluation.entries import combined_entry
 
     model, tokenizer = fixture()
     first = tokenizer("<|im_start|>")["input_ids"][0]
     oracle = Entry("oracle", "learned", OracleDrafter(model, first), None, 0, {"tree": "auto"})
     random = random_entry(model)
-    combined = Entry("random+lookup", "combined", CombinedDrafter(random.drafter), None, 0, {"tree": "auto"})
+    combined = combined_entry(random, "random+lookup")
     fit_auto_trees(model, tokenizer, [oracle, random, combined], conversations(1), settings(8), AutoTreeSpec(4, "tau"),
                    None, [])
     assert oracle.tree.paths == Tree.chain(4).paths and oracle.depth == 4
