@@ -65,7 +65,7 @@ class SuffixDrafter:
 
     feature_layers: tuple[int, ...] = ()
 
-    def __init__(self, max_depth: int = 24, max_match: int = 12, max_nodes: int = 16, spec_factor: float = 1.0,
+    def __init__(self, max_depth: int = 24, max_match: int = 12, max_nodes: int = 16, spec_factor: float = 2.0,
                  min_prob: float = 0.1, max_cached_tokens: int = 8192, outputs: OutputCache | None = None):
         if not 1 <= max_match < max_depth:
             raise DraftheadsError(f"the suffix drafter needs 1 <= max_match < max_depth (room to draft after a "
@@ -116,8 +116,10 @@ class SuffixDrafter:
                                               dtype=torch.long, device=self.device))
 
     def copy_paths(self, depth: int) -> list[list[int]]:
-        """The drafted tree's root-to-leaf token paths, best first (what a combination grafts onto a learned tree)."""
-        paths, tokens = self.draft(depth, self.max_nodes, self.max_nodes)
+        """The drafted tree's root-to-leaf token paths, best first (what a combination grafts onto a learned tree).
+        At least `depth` nodes whatever the match length, as prompt lookup's chain: beside a learned tree, which
+        covers the next few tokens anyway, what copying adds is the long runs."""
+        paths, tokens = self.draft(depth, self.max_nodes, self.max_nodes, at_least=depth)
         by_path = dict(zip(paths, tokens))
         leaves = [p for p in paths if not any(q[:-1] == p for q in paths)]
         return [[by_path[p[:d]] for d in range(1, len(p) + 1)] for p in leaves]
@@ -125,14 +127,15 @@ class SuffixDrafter:
     def copy_budget(self, depth: int) -> int:
         return self.max_nodes
 
-    def draft(self, depth: int, nodes: int, children: int) -> tuple[list[tuple[int, ...]], list[int]]:
+    def draft(self, depth: int, nodes: int, children: int, at_least: int = 0
+              ) -> tuple[list[tuple[int, ...]], list[int]]:
         """The best tree of the two tries: its rank paths and their tokens, in the order nodes were chosen."""
         best: tuple[float, list, list] = (0.0, [], [])
         for trie in (self.own, self.outputs.trie):
             node, matched = trie.match(self.text, self.max_match)
             if node is None:
                 continue
-            budget = min(nodes, math.ceil(self.spec_factor * matched))
+            budget = min(nodes, max(at_least, math.ceil(self.spec_factor * matched)))
             grown = grow_tree(node, min(depth, trie.max_depth - matched), budget, children, self.min_prob)
             if grown[0] > best[0]:
                 best = grown

@@ -54,14 +54,14 @@ class Entry:
 
 def build_entries(specs: list[str], model, requested: Tree | DynamicTreeSpec | None,
                   combined: list[str] = ()) -> list[Entry]:
-    """The prompt-lookup baseline first, suffix decoding when a spec names it (alone or in a combination), then
-    each learned drafter (and its combinations: modes 'graft', 'switch' and 'gate' with the copier a spec names,
+    """The prompt-lookup baseline first, suffix decoding when a spec names it (alone or in a combination; both draft
+    their own trees unless a static one is asked for), then each learned drafter (and its combinations: modes 'graft', 'switch' and 'gate' with the copier a spec names,
     and `combined` modes with prompt lookup)."""
     lookup_tree = requested if isinstance(requested, Tree) else None
     entries = [lookup_entry(lookup_tree)]
     parts = [split_spec(spec) for spec in specs]
     if any(path in SUFFIX_NAMES or copier == "suffix" for path, copier, _ in parts):
-        entries.append(suffix_entry(requested))
+        entries.append(suffix_entry(lookup_tree))
     learned = {}
     for path, copier, mode in parts:
         if model_free(path):

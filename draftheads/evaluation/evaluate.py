@@ -59,7 +59,8 @@ def run_eval(drafters: list[str], config: EvalConfig | None = None, *, target: s
     if budget:
         fit_auto_trees(model, tokenizer, entries, calibration, settings, requested, profile, lengths)
     price_gates(model, tokenizer, entries, calibration, settings, profile, lengths)
-    predictions = predict_entries(model, tokenizer, entries, configs, calibration, settings, profile, lengths, earlier)
+    predictions = predict_entries(model, tokenizer, entries, configs, calibration, settings, profile, lengths, earlier,
+                                  [c.kind for c in conversations])
     print(f"draftheads eval: {len(conversations)} prompts from {config.prompts}, {len(entries)} drafters "
           f"({', '.join(e.name for e in entries)}), {len(configs)} rule/temperature settings, target "
           f"{target_info['name']} in {target_info['dtype']}", flush=True)

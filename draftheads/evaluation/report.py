@@ -109,7 +109,7 @@ def _mismatch(row: dict) -> str:
 
 
 TABLE_COLUMNS = ("drafter", "rule", "T", "tree", "B", "tau", "alpha", "accept/depth", "c", "verify", "fwd saved",
-                 "tok/s plain", "tok/s spec", "speedup", "predicted", "error", "error at tau", "chain",
+                 "tok/s plain", "tok/s spec", "speedup", "predicted", "range", "error", "error at tau", "chain",
                  "greedy mismatch")
 
 
@@ -119,9 +119,18 @@ def table_row(row: dict) -> list[str]:
             _f(row["tau"]), _f(row["alpha"]),
             rates, _f(row["c"], ".3f"), _f(row["verify_cost"], ".2f", "x"), _f(_pct(row["forwards_saved"]), ".0f", "%"),
             _f(row["tokens_per_s_plain"], ".1f"), _f(row["tokens_per_s_spec"], ".1f"), _f(row["speedup"], ".2f", "x"),
-            _f(row.get("predicted_speedup"), ".2f", "x"), _f(_pct(row.get("prediction_error")), "+.0f", "%"),
+            _f(row.get("predicted_speedup"), ".2f", "x"), _range(row),
+            _f(_pct(row.get("prediction_error")), "+.0f", "%"),
             _f(_pct(row.get("cost_model_error")), "+.0f", "%"),
             _f(row["chain_speedup"], ".2f", "x"), _mismatch(row)]
+
+
+def _range(row: dict) -> str:
+    """The predicted range, starred when the measured speedup fell outside it."""
+    if not row.get("predicted_range"):
+        return "-"
+    low, high = row["predicted_range"]
+    return f"{low:.2f}-{high:.2f}x" + ("" if row.get("in_predicted_range") in (True, None) else " *")
 
 
 def _pct(x):
@@ -250,7 +259,9 @@ def format_markdown(report: dict) -> str:
         "forward's time by node count and context, the rule's cost) and the drafter's tau, nodes and draft time on the "
         "calibration prompts (not evaluated); error = predicted / measured - 1 (batch size 1 only); error at tau: the "
         "same cost model given the tau and nodes per step this run measured (not its timings), the error of the costs "
-        "alone. chain = "
+        "alone. range: the 95% range of the prediction, from the spread of the calibration prompts' own predicted "
+        "speedups and the cost model's error on their steps (evaluation/forecast.py); * where the measured speedup "
+        "fell outside it. chain = "
         "(1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)), the chain formula, which assumes every step drafts K tokens and "
         "a verify costs one decode step.",
         *prediction_sources(report),

@@ -128,3 +128,42 @@ def test_a_drafter_profile_fits_its_probe_steps(monkeypatch, tmp_path):
 def test_a_profile_row_is_made_monotone_in_the_tokens():
     """A cell slowed by another process (the 4-token one here) is lowered to the next larger one's time."""
     assert profile_module.monotone([0.05, 0.06, 0.078, 0.052, None, 0.09]) == [0.05, 0.052, 0.052, 0.052, None, 0.09]
+
+
+# ---------------------------------------------------------------- the prediction and its range
+
+
+def forecast(**kw):
+    from draftheads.evaluation.forecast import Forecast
+
+    base = dict(profile=synthetic(0.001), setting="greedy", plain_setting="greedy", draft_steps=0.1, observe_steps=0.0,
+                lengths=[100] * 4, new_tokens=64, calibrated=StepShape(2.0, 5, 4), source="calibration")
+    return Forecast(**{**base, **kw})
+
+
+def test_each_kind_is_predicted_from_its_own_calibration_prompts():
+    """Two kinds, one copied (tau 4) and one not (tau 1.2): the sum of the kinds' times, not the merged tau."""
+    shapes = {"copy": StepShape(4.0, 5, 4), "write": StepShape(1.2, 5, 4)}
+    mixed = forecast(kinds=["copy", "write", "write", "write"], by_kind=shapes)
+    copy, write = (forecast().speedup(shapes[k], lengths) for k, lengths in (("copy", [100]), ("write", [100] * 3)))
+    expected = (copy["plain_s"] + write["plain_s"]) / (copy["spec_s"] + write["spec_s"])
+    assert mixed.predicted()["speedup"] == pytest.approx(expected)
+    assert mixed.predicted()["tau"] == pytest.approx(4 / (1 / 4 + 3 / 1.2))            # tokens over steps
+    # a kind without calibration prompts of its own: the merged calibration acceptance, as without kinds
+    partial = forecast(kinds=["copy", "other", "other", "other"], by_kind=shapes)
+    assert partial.predicted()["speedup"] == pytest.approx(forecast().speedup(StepShape(2.0, 5, 4))["speedup"])
+
+
+def test_the_range_widens_with_the_calibration_spread_and_the_cost_error():
+    tight = forecast(prompt_shapes=[StepShape(2.0, 5, 4)] * 6)
+    assert tight.interval(1.5) == pytest.approx((1.5, 1.5))
+    spread = [StepShape(t, 5, 4) for t in (1.2, 1.6, 2.0, 2.4, 2.8, 3.2)]
+    each = [forecast().speedup(s)["speedup"] for s in spread]
+    import statistics
+    half = 2.571 * statistics.stdev(each) * (1 / 6 + 1 / 4) ** 0.5 / statistics.fmean(each)
+    assert forecast(prompt_shapes=spread).interval(1.5) == pytest.approx((1.5 * (1 - half), 1.5 * (1 + half)))
+    both = forecast(prompt_shapes=spread, cost_error=-0.1).interval(1.5)
+    assert both[1] == pytest.approx(1.5 * (1 + (half ** 2 + 0.01) ** 0.5))
+    # an earlier evaluation's tau carries no per-prompt spread: the costs' error alone
+    assert forecast(prompt_shapes=spread, source="earlier evaluation", cost_error=0.2).interval(1.0) == \
+        pytest.approx((0.8, 1.2))

@@ -384,6 +384,8 @@ def test_run_eval_predicts_every_row_before_running_it_and_fits_trees_for_speed(
     for row in report["results"]:
         assert row["predicted_speedup"] > 0 and row["prediction_error"] == pytest.approx(
             row["predicted_speedup"] / row["speedup"] - 1)
+        low, high = row["predicted_range"]
+        assert low <= row["predicted_speedup"] <= high and row["in_predicted_range"] == (low <= row["speedup"] <= high)
     learned = next(d for d in report["drafters"] if d["kind"] == "learned")
     assert learned["auto_tree"].startswith("auto:6 -> ") and "predicted" in learned["auto_tree"]
     assert len(learned["tree_paths"]) <= 6
