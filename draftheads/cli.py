@@ -265,8 +265,13 @@ def _typed(value, hint):
     args = typing.get_args(hint)
     if typing.get_origin(hint) is list:
         return [item if args[0] is str else yaml.safe_load(item) for item in _split(value)]
-    takes_text = hint is str or str in args or typing.get_origin(hint) is typing.Literal or any(
-        typing.get_origin(a) is typing.Literal for a in args)
+    if typing.get_origin(hint) is typing.Literal:
+        return value   # checked against its options, with a suggestion
+    options = [a for a in args if a is not type(None)]
+    literals = [a for a in options if typing.get_origin(a) is typing.Literal]
+    named = {option for literal in literals for option in typing.get_args(literal)}
+    # text where the setting takes text, or names one of its options ('auto' of `int | Literal["auto"]`)
+    takes_text = hint is str or str in args or value in named or (literals and len(literals) == len(options))
     return value if takes_text else yaml.safe_load(value)
 
 

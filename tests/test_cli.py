@@ -98,8 +98,10 @@ def test_eval_takes_unset_flags_from_the_runs_recipe(tmp_path, monkeypatch):
     assert main(["eval", str(run) + "+lookup", "--limit", "7", "--accept", "greedy,typical", "--temperature", "0"]) == 0
     assert main(["eval", "lookup"]) == 0
     assert main(["eval", str(run), "--batch-size", "1,2,4", "--plain-above", "3"]) == 0
+    assert main(["eval", str(run), "--batch-size", "1,16", "--plain-above", "auto"]) == 0
 
-    from_recipe, overridden, defaults, batched = seen
+    from_recipe, overridden, defaults, batched, auto = seen
+    assert auto["plain_above"] == "auto"
     assert ((from_recipe["batch_sizes"], from_recipe["plain_above"], defaults["batch_sizes"], defaults["plain_above"])
             == ([1, 8], 6, [1], None))
     assert (batched["batch_sizes"], batched["plain_above"]) == ([1, 2, 4], 3)

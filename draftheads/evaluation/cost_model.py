@@ -7,6 +7,11 @@ acceptance, measured on other prompts) and a step of n verified nodes and depth 
     spec    prefill(P) + observe * P + (N / tau) * (forward(n, c) + rule(n) + draft(K, n))
     speedup plain / spec, summed over the prompts
 
+At batch size b every row is a prompt like these, decoded together: a forward of b rows costs a one-row forward
+times factor(b, n) (evaluation/batch_profile.py), while prefill, observing, drafting and the rule run row by row
+(b times theirs). On a CPU factor(b, n) grows about as b * forward(n) / forward(1), so the verify's extra nodes,
+almost free for one row, cost as much as they would as separate forwards and speculation stops paying.
+
 forward, rule and draft come from evaluation/profile.py (measured on this machine, cached). Nothing in it is
 read from the timings of the run it predicts.
 """
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import Tree
 from draftheads.evaluation.auto_tree import auto_tree, expected_accepted
+from draftheads.evaluation.batch_profile import BatchProfile
 from draftheads.evaluation.profile import DrafterProfile, TargetProfile
 
 
@@ -32,21 +38,26 @@ class StepShape:
 
 def predict(target: TargetProfile, drafter: DrafterProfile | None, shape: StepShape, prompt_lengths: list[int],
             new_tokens: int, rule: str, plain_rule: str = "greedy", draft_steps: float | None = None,
-            observe_steps: float | None = None) -> dict:
+            observe_steps: float | None = None, batch: BatchProfile | None = None, rows: int = 1) -> dict:
     """{'plain_s', 'spec_s', 'tokens_per_s_plain', 'tokens_per_s_spec', 'speedup', 'verify_cost', 'draft_cost'}
     for generating `new_tokens` after each prompt. Draft costs are in plain decode steps (timed beside one, so
     they keep when the machine's speed drifts): draft_steps per step and observe_steps per prompt token for exactly
-    this drafter and tree, else the drafter profile's fit."""
+    this drafter and tree, else the drafter profile's fit. rows > 1: every prompt decoded in a batch of that many
+    (costs per row; `batch` gives what a forward of the batch costs)."""
+    if rows > 1 and batch is None:
+        raise DraftheadsError("a prediction at batch size > 1 needs the target's batch profile")
+    scale = batch.factor if rows > 1 else (lambda _rows, _queries: 1.0)
     if draft_steps is None and drafter is not None:
         draft_steps = drafter.step_in_decode_steps(shape.depth, shape.nodes)
         observe_steps = drafter.observe_s / drafter.plain_step_s
     plain = spec = step_plain_sum = verify_sum = draft_sum = 0.0
     for length in prompt_lengths:
         context = length + new_tokens / 2
-        step_plain = target.decode_step(context) + target.rule(plain_rule, 1)
-        verify = target.forward(shape.nodes, context) + target.rule(rule, shape.nodes)
-        draft = (draft_steps or 0.0) * step_plain
-        observe = (observe_steps or 0.0) * step_plain * length
+        one_row_step = target.decode_step(context) + target.rule(plain_rule, 1)
+        step_plain = target.decode_step(context) * scale(rows, 1) / rows + target.rule(plain_rule, 1)
+        verify = target.forward(shape.nodes, context) * scale(rows, shape.nodes) / rows + target.rule(rule, shape.nodes)
+        draft = (draft_steps or 0.0) * one_row_step     # per row: each row drafts on its own
+        observe = (observe_steps or 0.0) * one_row_step * length
         prefill = target.prefill(length)
         plain += prefill + new_tokens * step_plain
         spec += prefill + observe + new_tokens / max(shape.tau, 1e-9) * (verify + draft)

@@ -3,6 +3,7 @@ baseline first, suffix decoding when asked for, then each learned drafter and it
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,7 @@ class Entry:
     info: dict = field(default_factory=dict)
     draft_limit: int | None = None
     suffix: SuffixDrafter | None = None   # its suffix-decoding part, whose output cache a run starts empty
+    plain_above: int | None = None        # decode plainly above this many live rows (`--plain-above auto`)
 
     @property
     def used_tree(self) -> Tree | DynamicTreeSpec:
@@ -54,9 +56,9 @@ class Entry:
 
 def build_entries(specs: list[str], model, requested: Tree | DynamicTreeSpec | None,
                   combined: list[str] = ()) -> list[Entry]:
-    """The prompt-lookup baseline first, suffix decoding when a spec names it (alone or in a combination; both draft
-    their own trees unless a static one is asked for), then each learned drafter (and its combinations: modes 'graft', 'switch' and 'gate' with the copier a spec names,
-    and `combined` modes with prompt lookup)."""
+    """The prompt-lookup baseline first, suffix decoding when a spec names it (alone or in a combination; both
+    draft their own trees unless a static one is asked for), then each learned drafter (and its combinations:
+    modes 'graft', 'switch' and 'gate' with the copier a spec names, and `combined` modes with prompt lookup)."""
     lookup_tree = requested if isinstance(requested, Tree) else None
     entries = [lookup_entry(lookup_tree)]
     parts = [split_spec(spec) for spec in specs]
@@ -147,3 +149,10 @@ def drafter_name(folder: Path) -> str:
 
 def entry_info(entry: Entry) -> dict:
     return {"name": entry.name, "kind": entry.kind, "depth": entry.depth, **entry.info}
+
+
+def plain_above_entry(entry: Entry, rows: int) -> Entry:
+    """The same drafter decoding plainly while more than `rows` rows are live (`--plain-above auto`), measured
+    beside it as '<name>@auto'."""
+    info = {**entry.info, "plain_above": rows, "plain_above_from": entry.name}
+    return dataclasses.replace(entry, name=f"{entry.name}@auto", info=info, plain_above=rows)

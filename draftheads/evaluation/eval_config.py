@@ -55,8 +55,9 @@ class EvalConfig:
               "machine), all (the three)", "--combined")
     batch_sizes: list[int] = flag([1], "decode the prompts in batches of each of these sizes (more than [1]: the "
                                        "speedup-vs-batch curve)", "--batch-size")
-    plain_above: int | None = flag(None, "decode plainly while more than this many rows of a batch are generating",
-                                   "--plain-above")
+    plain_above: int | Literal["auto"] | None = flag(
+        None, "decode plainly while more than this many rows of a batch are generating; 'auto': as many as the cost "
+              "model predicts speculation pays for, per drafter (measured beside always speculating)", "--plain-above")
     dtype: Literal["auto", "bf16", "fp16", "fp32"] = flag("auto", "the target's dtype ('auto': bf16 where the hardware "
                                                                   "has native bf16, else fp32)", "--dtype")
     refresh_profile: bool = flag(False, "time the target on this machine again instead of reading the cached cost "
@@ -77,7 +78,7 @@ class EvalConfig:
         check_prompts(self.prompts, self.limit, self.max_new_tokens)
         check(bool(self.batch_sizes) and all(b >= 1 for b in self.batch_sizes),
               f"eval.batch_sizes (--batch-size) must be whole numbers >= 1, got {self.batch_sizes}; e.g. 1,2,4,8,16")
-        check(self.plain_above is None or self.plain_above >= 1,
+        check(self.plain_above in (None, "auto") or self.plain_above >= 1,
               f"eval.plain_above (--plain-above) must be a whole number >= 1 (decode plainly above that many rows), "
               f"got {self.plain_above}")
         parse_tree(self.tree, "eval.tree (--tree)")  # a bad or oversized tree is refused before any work

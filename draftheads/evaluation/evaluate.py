@@ -14,10 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from draftheads.core.tree import AutoTreeSpec, parse_tree
+from draftheads.evaluation.batch_profile import batch_profile
 from draftheads.evaluation.calibration import COMB_DEPTH, COMB_WIDTH, fit_auto_trees, price_gates
 from draftheads.evaluation.conversations import CALIBRATION_PROMPTS, eval_settings, first_chat, load_conversations
 from draftheads.evaluation.earlier_report import read_earlier
-from draftheads.evaluation.entries import LOOKUP_DEPTH, build_entries
+from draftheads.evaluation.entries import LOOKUP_DEPTH, build_entries, plain_above_entry
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.forecast import predict_entries, prediction_columns
 from draftheads.evaluation.measure import measure, plan_configs
@@ -59,14 +60,18 @@ def run_eval(drafters: list[str], config: EvalConfig | None = None, *, target: s
     if budget:
         fit_auto_trees(model, tokenizer, entries, calibration, settings, requested, profile, lengths)
     price_gates(model, tokenizer, entries, calibration, settings, profile, lengths)
+    batch_sizes = sorted(set(config.batch_sizes))
+    batch = (batch_profile(model, refresh=config.refresh_profile, progress=lambda line: print(line, flush=True))
+             if max(batch_sizes) > 1 or config.plain_above == "auto" else None)
     predictions = predict_entries(model, tokenizer, entries, configs, calibration, settings, profile, lengths, earlier,
-                                  [c.kind for c in conversations])
+                                  [c.kind for c in conversations], batch)
+    if config.plain_above == "auto":
+        entries += auto_plain_entries(entries, predictions, configs[0], max(batch_sizes))
     print(f"draftheads eval: {len(conversations)} prompts from {config.prompts}, {len(entries)} drafters "
           f"({', '.join(e.name for e in entries)}), {len(configs)} rule/temperature settings, target "
           f"{target_info['name']} in {target_info['dtype']}", flush=True)
-    batch_sizes = sorted(set(config.batch_sizes))
     found = measure(model, tokenizer, conversations, entries, configs, settings, progress, batch_sizes,
-                    config.plain_above)
+                    None if config.plain_above == "auto" else config.plain_above)
     rows = [row for size, at_size in found.items()
             for row in build_rows(at_size, entries, configs, conversations, size)]
     for row in rows:
@@ -92,6 +97,20 @@ def run_eval(drafters: list[str], config: EvalConfig | None = None, *, target: s
     print_summary(rows, report, target_info["dtype"])
     print(f"draftheads eval: report in {folder}/report.md (tau includes the bonus token)", flush=True)
     return folder
+
+
+def auto_plain_entries(entries, predictions: dict, cfg, largest: int) -> list:
+    """`--plain-above auto`: each drafter again, decoding plainly above the live rows its prediction (under the first
+    rule) says speculation pays for, measured beside it speculating always."""
+    out = []
+    for entry in entries:
+        forecast = predictions.get((entry.name, cfg.rule, cfg.temperature))
+        if forecast is not None:
+            rows = forecast.plain_above(largest)
+            out.append(plain_above_entry(entry, rows))
+            print(f"draftheads eval: {entry.name}: predicted to pay up to {rows} live rows; measured as "
+                  f"{entry.name}@auto beside it", flush=True)
+    return out
 
 
 def print_summary(rows: list[dict], report: dict, dtype: str) -> None:

@@ -59,18 +59,20 @@ class Forecast:
     by_kind: dict[str, StepShape] = field(default_factory=dict)       # the calibration prompts' acceptance per kind
     prompt_shapes: list[StepShape] = field(default_factory=list)      # each calibration prompt's own acceptance
     cost_error: float = 0.0  # the cost model's relative error on the calibration prompts' own steps
+    batch: object = None     # the target's BatchProfile (evaluation/batch_profile.py): predictions at batch size > 1
 
-    def speedup(self, shape: StepShape, lengths: list[int] | None = None) -> dict:
+    def speedup(self, shape: StepShape, lengths: list[int] | None = None, rows: int = 1) -> dict:
         return predict(self.profile, None, shape, self.lengths if lengths is None else lengths, self.new_tokens,
                        self.setting, self.plain_setting, draft_steps=self.draft_steps,
-                       observe_steps=self.observe_steps)
+                       observe_steps=self.observe_steps, batch=self.batch, rows=rows)
 
-    def predicted(self) -> dict:
-        """The prediction: each task kind from its own calibration prompts where it has some, summed over kinds."""
+    def predicted(self, rows: int = 1) -> dict:
+        """The prediction at batch size `rows`: each task kind from its own calibration prompts where it has some,
+        summed over kinds."""
         kinds = sorted(set(self.kinds))
         if self.source != "calibration" or not all(kind in self.by_kind for kind in kinds) or kinds in ([], [""]):
-            return self.speedup(self.calibrated)
-        parts = [self.speedup(self.by_kind[kind], [n for n, k in zip(self.lengths, self.kinds) if k == kind])
+            return self.speedup(self.calibrated, rows=rows)
+        parts = [self.speedup(self.by_kind[kind], [n for n, k in zip(self.lengths, self.kinds) if k == kind], rows)
                  for kind in kinds]
         plain, spec = sum(p["plain_s"] for p in parts), sum(p["spec_s"] for p in parts)
         counts = [self.kinds.count(kind) for kind in kinds]
@@ -78,6 +80,14 @@ class Forecast:
         return {**parts[0], "speedup": plain / spec, "tau": tau, "plain_s": plain, "spec_s": spec,
                 "verify_cost": statistics.fmean(p["verify_cost"] for p in parts),
                 "draft_cost": statistics.fmean(p["draft_cost"] for p in parts)}
+
+    def plain_above(self, largest: int) -> int:
+        """`--plain-above auto`: the most live rows (up to `largest`) at which speculation is predicted to pay,
+        every smaller count paying too; 0 when it does not pay even for one row."""
+        paying = 0
+        while paying < largest and self.predicted(paying + 1)["speedup"] > 1:
+            paying += 1
+        return paying
 
     def interval(self, center: float) -> tuple[float, float]:
         """The 95% range around `center` (see the module's docstring)."""
@@ -102,14 +112,16 @@ def cost_error(profile, stats: GenerationStats, plain: GenerationStats, setting:
     plain_context = sum(plain.step_context) / plain.steps
     unit = plain.decode_s / plain.steps
     verify = profile.forward(nodes, context) + profile.rule(setting, nodes)
-    expected = verify / (profile.decode_step(plain_context) + profile.rule(plain_setting, 1)) + stats.mean_draft_s / unit
+    plain_step = profile.decode_step(plain_context) + profile.rule(plain_setting, 1)
+    expected = verify / plain_step + stats.mean_draft_s / unit
     return (stats.mean_draft_s + stats.mean_verify_s) / unit / expected - 1
 
 
 def predict_entries(model, tokenizer, entries: list[Entry], configs: list[RunConfig], calibration,
                     settings: EvalSettings, profile, lengths: list[int], earlier: EarlierReport | None = None,
-                    kinds: list[str] | None = None) -> dict:
-    """(drafter, rule, temperature) -> its Forecast. kinds: each evaluated prompt's task kind (lengths' order)."""
+                    kinds: list[str] | None = None, batch=None) -> dict:
+    """(drafter, rule, temperature) -> its Forecast. kinds: each evaluated prompt's task kind (lengths' order);
+    batch: the target's BatchProfile, for predictions at batch size > 1."""
     out = {}
     for cfg in configs:
         setting = rule_setting(cfg.rule, cfg.temperature, settings.top_k, settings.top_p)
@@ -143,7 +155,7 @@ def predict_entries(model, tokenizer, entries: list[Entry], configs: list[RunCon
                 stats.draft_prefill_s / max(1, stats.prompt_tokens) / step, lengths,
                 round(stats.new_tokens / max(1, len(calibration))), shape, source, list(kinds or [""] * len(lengths)),
                 by_kind, [step_shape(r, entry.depth) for r in each if r.steps],
-                cost_error(profile, stats, plain, setting, plain_setting))
+                cost_error(profile, stats, plain, setting, plain_setting), batch)
     return out
 
 
@@ -153,11 +165,12 @@ def prediction_columns(forecast: Forecast | None, row: dict) -> dict:
     measured (tau and nodes per step, not its timings), which isolates the error of the costs from that of tau."""
     none = {"predicted_speedup": None, "prediction_error": None, "predicted_tau": None, "predicted_from": None,
             "predicted_range": None, "in_predicted_range": None, "cost_model_speedup": None, "cost_model_error": None}
-    if forecast is None or row.get("batch_size", 1) != 1:   # the profile times one sequence
+    rows = row.get("batch_size", 1)
+    if forecast is None or (rows > 1 and forecast.batch is None):
         return none
-    before = forecast.predicted()
+    before = forecast.predicted(rows)
     low, high = forecast.interval(before["speedup"])
-    given = forecast.speedup(StepShape(row["tau"], row["mean_nodes"], forecast.calibrated.depth))
+    given = forecast.speedup(StepShape(row["tau"], row["mean_nodes"], forecast.calibrated.depth), rows=rows)
     measured = row.get("speedup")
     return {"predicted_speedup": before["speedup"], "predicted_tau": before["tau"], "predicted_from": forecast.source,
             "predicted_range": [low, high], "in_predicted_range": low <= measured <= high if measured else None,

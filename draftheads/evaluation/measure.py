@@ -172,8 +172,10 @@ def measure(model, tokenizer, conversations: list[Conversation], entries: list[E
                                             refresh=False)
                         outputs = (caches.setdefault((size, entry.name, cfg), entry.output_cache())
                                    if entry is not None else None)
+                        above = entry.plain_above if entry is not None and entry.plain_above is not None \
+                            else plain_above
                         outs = generate_conversations(model, tokenizer, batch, entry, cfg, settings,
-                                                      logprob=cfg.temperature > 0, plain_above=plain_above,
+                                                      logprob=cfg.temperature > 0, plain_above=above,
                                                       outputs=outputs)
                         store = found[size].plain[key] if entry is None else found[size].spec[(entry.name, cfg)]
                         store += outs

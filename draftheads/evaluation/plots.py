@@ -93,7 +93,8 @@ def plot_accepted_lengths(rows: list[dict], path: Path) -> None:
 
 
 def plot_speedup_vs_batch(rows: list[dict], path: Path) -> None:
-    """Speedup and throughput against batch size, one line per drafter (tree), rule and temperature."""
+    """Speedup (measured, and predicted before the run, dotted) and throughput against batch size, one line per
+    drafter (tree), rule and temperature."""
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     series = collections.defaultdict(list)
@@ -104,7 +105,10 @@ def plot_speedup_vs_batch(rows: list[dict], path: Path) -> None:
         group.sort(key=lambda r: r["batch_size"])
         sizes = [r["batch_size"] for r in group]
         name = f"{drafter} [{tree}] {rule} T={temp:g}"
-        left.plot(sizes, [r["speedup"] or 0 for r in group], marker="o", label=name)
+        line = left.plot(sizes, [r["speedup"] or 0 for r in group], marker="o", label=name)[0]
+        predicted = [(r["batch_size"], r["predicted_speedup"]) for r in group if r.get("predicted_speedup")]
+        if predicted:   # the same drafter's prediction, dashed in its colour
+            left.plot(*zip(*predicted), ls=":", marker=".", color=line.get_color(), label=f"{name} predicted")
         right.plot(sizes, [r["tokens_per_s_spec"] for r in group], marker="o", label=name)
         plain.setdefault(temp if rule != "greedy" else 0.0, {}).update((r["batch_size"], r["tokens_per_s_plain"])
                                                                        for r in group)
@@ -136,9 +140,12 @@ def write_plots(folder: Path, rows: list[dict], by_kind: list[dict] = ()) -> lis
     plot the rows broken down by kind, when the prompts have kinds."""
     folder.mkdir(parents=True, exist_ok=True)
     smallest = min(r.get("batch_size", 1) for r in rows)
+    names = []
     for name, plot in PLOTS.items():
+        if name == "tau_speedup_vs_temperature.png" and len({r["temperature"] for r in rows}) < 2:
+            continue   # one temperature: an axis of one point says nothing
         plot([r for r in rows if r.get("batch_size", 1) == smallest], folder / name)
-    names = list(PLOTS)
+        names.append(name)
     if len({r.get("batch_size", 1) for r in rows}) > 1:
         plot_speedup_vs_batch(rows, folder / "speedup_vs_batch.png")
         names.append("speedup_vs_batch.png")

@@ -184,7 +184,7 @@ def _times(run, device, repeats: int) -> list[float]:
     return times
 
 
-def _fastest_time(run, device, repeats: int) -> float:
+def fastest_time(run, device, repeats: int) -> float:
     """The fastest of `repeats` runs: another process on a shared machine only ever adds time, in bursts that a
     median of a few runs still catches."""
     return min(_times(run, device, repeats))
@@ -227,7 +227,7 @@ def measure_forwards(model, contexts=CONTEXTS, queries=QUERIES, repeats: int = R
             step = forward_step(model, cache, context, torch.randint(vocab, (1, n), generator=generator).to(device))
             step()
             step()
-            row.append(_fastest_time(step, device, repeats))
+            row.append(fastest_time(step, device, repeats))
         grid.append(monotone(row))
     return grid
 

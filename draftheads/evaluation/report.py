@@ -156,8 +156,10 @@ def format_batch_table(curves: list[dict]) -> str:
         if c["rule"] == "greedy" or c["temperature"] == 0:
             plain_greedy.update(zip(c["batch_sizes"], c["tokens_per_s_plain"]))
     for c in curves:
-        at = dict(zip(c["batch_sizes"], zip(c["speedup"], c["tau"])))
-        cells = [f"{_f(at[b][0], '.2f', 'x')} (tau {_f(at[b][1])})" if b in at else "-" for b in sizes]
+        at = dict(zip(c["batch_sizes"], zip(c["speedup"], c["tau"], c.get("predicted") or [None] * len(c["tau"]))))
+        cells = [f"{_f(at[b][0], '.2f', 'x')} (tau {_f(at[b][1])}"
+                 + (f", predicted {at[b][2]:.2f}x)" if at[b][2] is not None else ")") if b in at else "-"
+                 for b in sizes]
         stops = f"B={c['stops_paying_at']}" if c["stops_paying_at"] else f"pays up to B={max(c['batch_sizes'])}"
         lines.append("| " + " | ".join([c["drafter"], c["rule"], f"{c['temperature']:g}", c["tree"], *cells, stops])
                      + " |")
@@ -274,8 +276,11 @@ def format_markdown(report: dict) -> str:
                 "Each batch size decodes the same prompts in batches of that many rows (left-padded, each row with its "
                 "own drafter state, seed and acceptance; finished rows leave the batch), interleaved with plain "
                 "decoding of the same batches. Cells: speedup = spec tok/s / plain tok/s at that batch size (tau per "
-                "row in brackets). 'stops paying at': the smallest batch size measured whose speedup is below 1; "
-                "`--plain-above N` (eval.plain_above) decodes plainly while more than N rows are generating.", "",
+                "row and the speedup predicted before the run in brackets). 'stops paying at': the smallest batch size "
+                "measured whose speedup is below 1; "
+                "`--plain-above N` (eval.plain_above) decodes plainly while more than N rows are generating; "
+                "`--plain-above auto` measures each drafter again as '<name>@auto', decoding plainly above the rows "
+                "the cost model predicts speculation pays for (evaluation/batch_profile.py).", "",
                 format_batch_table(report["batch_curve"])]
     if report.get("by_kind"):
         out += ["", "## By task kind", "",

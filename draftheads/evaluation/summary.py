@@ -88,7 +88,8 @@ def summarise(plain: GenerationStats, spec: GenerationStats, *, depth: int) -> d
 
 
 def batch_curve(rows: list[dict]) -> list[dict]:
-    """One entry per drafter x rule x temperature: its numbers at every batch size and `stops_paying_at`,
+    """One entry per drafter x rule x temperature: its numbers at every batch size (the predicted speedup too, None
+    where none was made) and `stops_paying_at`,
     the smallest batch size measured whose speedup is below 1 (None: it paid at every size measured)."""
     curves: dict[tuple, dict] = {}
     for row in sorted(rows, key=lambda r: r["batch_size"]):
@@ -96,8 +97,10 @@ def batch_curve(rows: list[dict]) -> list[dict]:
         curve = curves.setdefault(key, {"drafter": row["drafter"], "rule": row["rule"],
                                         "temperature": row["temperature"],
                                         "tree": row["tree"], "batch_sizes": [], "speedup": [], "tau": [],
-                                        "tokens_per_s_plain": [], "tokens_per_s_spec": [], "stops_paying_at": None})
+                                        "tokens_per_s_plain": [], "tokens_per_s_spec": [], "predicted": [],
+                                        "stops_paying_at": None})
         curve["batch_sizes"].append(row["batch_size"])
+        curve["predicted"].append(row.get("predicted_speedup"))
         for name in ("speedup", "tau", "tokens_per_s_plain", "tokens_per_s_spec"):
             curve[name].append(row[name])
         if curve["stops_paying_at"] is None and row["speedup"] is not None and row["speedup"] < 1:

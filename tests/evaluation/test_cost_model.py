@@ -167,3 +167,50 @@ def test_the_range_widens_with_the_calibration_spread_and_the_cost_error():
     # an earlier evaluation's tau carries no per-prompt spread: the costs' error alone
     assert forecast(prompt_shapes=spread, source="earlier evaluation", cost_error=0.2).interval(1.0) == \
         pytest.approx((0.8, 1.2))
+
+
+
+# ---------------------------------------------------------------- batch size > 1
+
+
+def batch_profile_of(cost) -> "BatchProfile":
+    """A batch profile whose forward of b rows x n tokens takes cost(b, n)."""
+    from draftheads.evaluation.batch_profile import BatchProfile
+
+    batches, queries = [1, 2, 4, 8, 16], [1, 2, 4, 8, 16, 32]
+    return BatchProfile({}, batches, queries, [[cost(b, n) for n in queries] for b in batches])
+
+
+def test_the_batch_factor_interpolates_rows_and_tokens():
+    profile = batch_profile_of(lambda b, n: b * (1 + 0.1 * n))
+    assert profile.factor(1, 5) == 1.0 and profile.factor(4, 8) == pytest.approx(4.0)
+    assert profile.factor(3, 8) == pytest.approx(3.0) and profile.factor(16, 2) == pytest.approx(16.0)
+    flat = batch_profile_of(lambda b, n: 1 + 0.1 * n)
+    assert flat.factor(16, 4) == pytest.approx(1.0)
+
+
+def test_batch_predictions_scale_the_forwards_and_charge_each_row_its_drafting():
+    shape, target = StepShape(2.0, 5, 4), synthetic(0.001)
+    one = predict(target, None, shape, [100], 64, "greedy", draft_steps=0.2, observe_steps=0.0)
+    # rows that cost their sum (a CPU): each row pays what it paid alone
+    linear = batch_profile_of(lambda b, n: b * (0.01 + 0.001 * (n - 1)))
+    assert predict(target, None, shape, [100], 64, "greedy", draft_steps=0.2, observe_steps=0.0, batch=linear,
+                   rows=8)["speedup"] == pytest.approx(one["speedup"])
+    # rows that cost nothing extra (a GPU far from its limit): forwards shrink per row, drafting does not
+    free = batch_profile_of(lambda b, n: 0.01 + 0.001 * (n - 1))
+    got = predict(target, None, shape, [100], 64, "greedy", draft_steps=0.2, observe_steps=0.0, batch=free, rows=4)
+    step, verify, draft = 0.01 / 4, (0.01 + 0.004) / 4, 0.2 * 0.01
+    prefill = target.prefill(100)
+    assert got["speedup"] == pytest.approx((prefill + 64 * step) / (prefill + 32 * (verify + draft)))
+    with pytest.raises(Exception, match="batch profile"):
+        predict(target, None, shape, [100], 64, "greedy", rows=2)
+
+
+def test_auto_plain_above_is_the_last_row_count_that_pays():
+    """Batched plain steps are free and verifies compute-bound: speculation pays for few rows only."""
+    bound = batch_profile_of(lambda b, n: 0.01 + 0.004 * b * (n - 1))
+    ahead = forecast(batch=bound, draft_steps=0.0)
+    paying = [rows for rows in range(1, 17) if ahead.predicted(rows)["speedup"] > 1]
+    assert paying and paying == list(range(1, len(paying) + 1)) and len(paying) < 16
+    assert ahead.plain_above(16) == len(paying) and ahead.plain_above(1) == 1
+    assert forecast(batch=bound, calibrated=StepShape(1.0, 5, 4)).plain_above(16) == 0   # never pays

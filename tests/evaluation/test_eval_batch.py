@@ -146,7 +146,28 @@ def test_batch_size_one_reports_as_before(eagle_run, tmp_path):
     ([1, 0], None, "batch_sizes .--batch-size. must be whole numbers"),
     ([2.0], None, "eval.batch_sizes.0.: expected int, got float"),
     ([1], 0, "plain_above .--plain-above. must be a whole number >= 1"),
+    ([1], "always", "plain_above.*fits none of"),
 ])
 def test_bad_batch_settings_are_refused(sizes, plain_above, message):
     with pytest.raises(DraftheadsError, match=message):
         build(EvalConfig, {"batch_sizes": sizes, "plain_above": plain_above}, "eval")
+
+
+def test_plain_above_auto_measures_each_drafter_again_switching_where_its_prediction_says(eagle_run, tmp_path):
+    """Every drafter is measured twice: speculating always, and as '<name>@auto' decoding plainly above the rows its
+    prediction pays for (from the batch profile); both exact, both predicted at every batch size."""
+    folder, prompts = eagle_run
+    out = run_eval([str(folder)], EvalConfig(prompts=str(prompts), tree="chain:2", max_new_tokens=6,
+                                             batch_sizes=[1, 2], plain_above="auto"),
+                   target_model=fixture(), out=str(tmp_path / "eval"), progress=False)
+    report = json.loads((out / "report.json").read_text())
+    names = [d["name"] for d in report["drafters"]]
+    assert names == ["prompt-lookup", "eagle-tiny", "prompt-lookup@auto", "eagle-tiny@auto"]
+    auto = {d["name"]: d["plain_above"] for d in report["drafters"] if d["name"].endswith("@auto")}
+    assert all(0 <= rows <= 2 for rows in auto.values())
+    rows = report["results"]
+    assert all(r["greedy_mismatches"] == 0 for r in rows)
+    assert all(r["predicted_speedup"] > 0 for r in rows if not r["drafter"].endswith("@auto"))
+    for row in rows:   # above its threshold the @auto drafter decodes plainly: one node a step
+        if row["drafter"].endswith("@auto") and row["batch_size"] > auto[row["drafter"]]:
+            assert row["tau"] == 1.0 and row["mean_nodes"] == 1.0
