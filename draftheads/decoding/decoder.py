@@ -53,6 +53,8 @@ class Row:
     generated: list[int] = field(default_factory=list)
     stats: GenerationStats = field(default_factory=GenerationStats)
     done: bool = False
+    unobserved: list[tuple[int, int]] = field(default_factory=list)   # (fed, following) of plain steps not yet
+                                                                       # shown to the drafter
 
 
 class Decoder:
@@ -61,7 +63,9 @@ class Decoder:
     drafter: shared by every row (row 0 uses it, the others shallow copies with their own state).
     generators: one per row (the rows' sampling and drafting are independent).
     plain_above: while more rows than this are live, steps verify the pending token alone (plain
-    decoding, the drafters still observing what is committed): where speculation stops paying.
+    decoding): where speculation stops paying. Those steps ask the target for no features and show the drafters
+    nothing; when rows finish and speculation resumes, one forward over the positions committed meanwhile gives
+    each drafter their features (catch_up), so plain steps cost what plain decoding does.
     """
 
     def __init__(self, target, drafter: Drafter | None, tree: Tree | DynamicTreeSpec | None, settings,
@@ -121,13 +125,17 @@ class Decoder:
         """One draft + verify round for every live row; returns what each of them emitted (in live order)."""
         device = self.pending.device
         t0 = clock(device)
-        proposals = [self._propose(r, self.rows[i]) for r, i in enumerate(self.live)]
+        plain = self.plain_above is not None and len(self.live) > self.plain_above
+        if not plain:
+            self._catch_up()
+        proposals = [self._propose(r, self.rows[i], plain) for r, i in enumerate(self.live)]
         t1 = clock(device)
         trees = [p.tree for p in proposals]
         width = max(t.num_nodes for t in trees)
         tokens = torch.stack([torch.nn.functional.pad(p.tokens[0], (0, width - p.tokens.shape[1])) for p in proposals])
         shared = len(proposals) == 1 and self.valid is None
-        out = verify(self.target, self.cache, tokens, trees[0] if shared else trees, self.feature_layers, self.valid)
+        out = verify(self.target, self.cache, tokens, trees[0] if shared else trees,
+                     () if plain else self.feature_layers, self.valid)
         s = self.settings
         paths, emitted, following = [], [], []
         for r, (i, proposal) in enumerate(zip(self.live, proposals)):
@@ -146,16 +154,43 @@ class Decoder:
         for r, i in enumerate(self.live):
             row = self.rows[i]
             if row.drafter is not None and not row.done:
-                row.drafter.observe(self._features(out.features, r, None, paths[r]), following[r][None])
+                if plain:
+                    row.unobserved.append((int(tokens[r, 0]), int(following[r][0])))   # (a copy: pending moved on)
+                else:
+                    row.drafter.observe(self._features(out.features, r, None, paths[r]), following[r][None])
         t3 = clock(device)
         self._record(trees, paths, emitted, t0, t1, t2, t3)
         self._drop_finished()
         return emitted
 
-    def _propose(self, r: int, row: Row) -> Proposal:
+    def _catch_up(self) -> None:
+        """Show the drafters the positions committed by plain steps: their features from one target forward over
+        them (every live row has the same number, one a step), masking their cached copies so each sits at its own
+        position again; the extra cache entries are dropped."""
+        behind = [self.rows[i] for i in self.live if self.rows[i].unobserved]
+        if not behind:
+            return
+        k = len(behind[0].unobserved)
+        fed = torch.tensor([[a for a, _ in self.rows[i].unobserved] for i in self.live], device=self.pending.device)
+        features = None
+        if self.feature_layers:
+            length = self.cache.get_seq_length()
+            committed = (self.valid.clone() if self.valid is not None
+                         else torch.ones(len(self.live), length, dtype=torch.bool))
+            committed[:, length - k :] = False
+            chain = Tree.chain(k - 1)
+            features = verify(self.target, self.cache, fed, [chain] * len(self.live), self.feature_layers,
+                              committed).features
+            self.valid = compact_cache(self.cache, k, torch.zeros(0, dtype=torch.long), self.valid)
+        for r, i in enumerate(self.live):
+            row = self.rows[i]
+            following = torch.tensor([[b for _, b in row.unobserved]], device=self.pending.device)
+            row.unobserved = []
+            row.drafter.observe(self._features(features, r, -k, None), following)
+
+    def _propose(self, r: int, row: Row, plain: bool) -> Proposal:
         pending = self.pending[r : r + 1]
-        plain = row.drafter is None or (self.plain_above is not None and len(self.live) > self.plain_above)
-        if plain:
+        if plain or row.drafter is None:
             return Proposal(ROOT_ONLY, pending[:, None])
         s = self.settings
         proposal = row.drafter.propose(self.tree, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,

@@ -98,3 +98,32 @@ def test_sliding_window_targets_refuse_to_outgrow_the_window():
     with pytest.raises(DraftheadsError, match="sliding-window"):
         speculative_generate(model, None, ids, 40)
     assert speculative_generate(model, None, ids, 10).tokens.shape == (1, 10)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_drafters_catch_up_on_what_plain_steps_committed_with_its_true_features(family):
+    """Above plain_above live rows a step is plain and shows the drafters nothing; once rows finish, one forward over
+    what was committed meanwhile hands each remaining drafter the features it would have seen step by step: three
+    left-padded rows with budgets 6, 14 and 30 and plain_above 1, so the last row decodes plainly, catches up, then
+    speculates."""
+    from tests.decoding.test_batch import PROMPTS
+
+    model = target(family)
+    drafter = RecordingDrafter(model.config.vocab_size, feature_layers=(1, -1), tree=TREE, seed=4)
+    settings = DecodeSettings(rule="greedy", temperature=0.0, max_new_tokens=30)
+    decoder = Decoder(model, drafter, TREE, settings, [torch.Generator().manual_seed(s) for s in range(3)],
+                      max_new_tokens=[6, 14, 30], plain_above=1)
+    drafters = [row.drafter for row in decoder.rows]
+    decoder.start(list(PROMPTS))
+    while not decoder.done:
+        decoder.step()
+    last = decoder.rows[2]
+    assert last.stats.step_nodes[:5] == [1] * 5 and last.stats.step_nodes[-1] == TREE.num_nodes   # plain, then not
+    for prompt, row, drafter in zip(PROMPTS, decoder.rows, drafters):
+        seen = torch.cat(drafter.next_tokens, 1)[0].tolist()
+        text = prompt.tolist() + row.generated
+        assert seen == text[1 : 1 + len(seen)]
+        _, hidden, _ = plain_forward(model, torch.tensor([text[: len(seen)]]))
+        torch.testing.assert_close(torch.cat(drafter.features, 1), torch.cat([hidden[1], hidden[-1]], -1),
+                                   atol=ATOL, rtol=0)
+    assert len(torch.cat(drafters[2].next_tokens, 1)[0]) > len(PROMPTS[2]) + 14   # it caught up past the plain steps
