@@ -29,7 +29,8 @@ def profile_entry(model, tokenizer, entry: Entry, calibration, settings: EvalSet
     prompt = torch.tensor(first_chat(tokenizer, calibration[0], settings).input_ids, device=model.device)
     folder = entry.info.get("folder")
     key = {"drafter": entry.name, "kind": entry.kind, "folder": folder_fingerprint(Path(folder)) if folder else None,
-           "lookup_depth": getattr(entry.drafter, "lookup_depth", None), "copier": entry.info.get("copier")}
+           "lookup_depth": entry.drafter.lookup_depth if entry.kind == "combined" else None,
+           "copier": entry.info.get("copier")}
     return drafter_profile(model, entry.drafter, prompt=prompt, name=entry.name, key=key, draft_limit=entry.draft_limit,
                            progress=lambda line: print(line, flush=True))
 
