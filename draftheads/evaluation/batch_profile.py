@@ -18,16 +18,16 @@ from dataclasses import dataclass
 
 import torch
 
-from draftheads.decoding.verify import compact_cache, new_cache, prefill, verify
+from draftheads.decoding.verify import new_cache, prefill
 from draftheads.evaluation.profile import (
     context_limit,
     fastest_time,
+    forward_step,
     interpolate,
     load,
     monotone,
     profile_path,
     save,
-    star,
     target_key,
 )
 
@@ -70,15 +70,7 @@ def measure_batch_forwards(model, batches=BATCHES, queries=BATCH_QUERIES, repeat
         prefill(model, torch.randint(vocab, (rows, context), generator=generator).to(device), cache)
         cells = []
         for n in queries:
-            tokens = torch.randint(vocab, (rows, n), generator=generator).to(device)
-            tree = star(n)
-
-            def step():
-                out = verify(model, cache, tokens, tree)
-                out.logits.max(-1)
-                compact_cache(cache, n, torch.tensor([0], device=device))
-                cache.crop(context - cache.get_seq_length())
-
+            step = forward_step(model, cache, context, torch.randint(vocab, (rows, n), generator=generator).to(device))
             step()
             step()
             cells.append(fastest_time(step, device, repeats))

@@ -170,8 +170,10 @@ def measure(model, tokenizer, conversations: list[Conversation], entries: list[E
                         bar.set_postfix_str(f"B={size} prompts {first + 1}-{first + len(batch)}/{len(conversations)} "
                                             f"{entry.name if entry else 'plain'} {cfg.rule} T={cfg.temperature:g}",
                                             refresh=False)
-                        outputs = (caches.setdefault((size, entry.name, cfg), entry.output_cache())
-                                   if entry is not None else None)
+                        run = (size, entry.name if entry else None, cfg)
+                        if run not in caches:   # one output cache per batch size, drafter and config
+                            caches[run] = entry.output_cache() if entry is not None else None
+                        outputs = caches[run]
                         above = entry.plain_above if entry is not None and entry.plain_above is not None \
                             else plain_above
                         outs = generate_conversations(model, tokenizer, batch, entry, cfg, settings,
