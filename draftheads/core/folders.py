@@ -67,6 +67,26 @@ def write_folder(final: Path, fill: Callable[[Path], object]) -> Path:
     return publish(tmp, final)
 
 
+def write_file_atomic(final: Path, fill: Callable[[Path], object]) -> Path:
+    """One file the same way: fill(tmp) writes a hidden sibling `.NAME.tmp-XXXX`, flushed, then renamed to `final`;
+    if fill fails, the sibling is removed and `final` left as it was."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    handle, name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.tmp-")
+    os.close(handle)
+    tmp = Path(name)
+    try:
+        fill(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, final)
+    return final
+
+
 def file_sha256(path: Path) -> str:
     """The sha256 of a file's bytes, read in 1 MiB blocks."""
     h = hashlib.sha256()

@@ -30,6 +30,7 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.run_folder import DATA_MARKER
 
 META = DATA_MARKER
+COLUMNS = ("input_ids", "loss_mask")   # what training and evaluation read of a row
 SHARDS = "shards"
 BASE = "base"
 # Settings that change no row: a run may resume with a different batch size or server address.
@@ -288,3 +289,36 @@ def print_summary(out: Path) -> None:
     for reason, n in sorted(s.get("dropped", {}).items(), key=lambda kv: -kv[1]):
         print(f"  dropped/noted: {n} {reason}")
     print(f"  -> {out}")
+
+
+def load_rows(data_dir: str | Path):
+    """The dataset saved by `draftheads data` (a `datasets` folder), checked for the columns we need."""
+    path = Path(data_dir)
+    if not path.exists():
+        raise DraftheadsError(f"training data '{path}' not found; run `draftheads data RECIPE` first or set "
+                              "data.output")
+    meta = path / DATA_MARKER
+    if meta.is_file() and not json.loads(meta.read_text() or "{}").get("complete"):
+        raise DraftheadsError(f"'{path}' is unfinished: its `draftheads data` run stopped before the end; rerun "
+                              "`draftheads data RECIPE` to finish it")
+    try:
+        rows = datasets.load_from_disk(str(path))
+    except Exception as e:  # noqa: BLE001 - datasets and pyarrow raise many types for a damaged folder
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise DraftheadsError(f"'{path}' cannot be read as a dataset saved by `draftheads data` ({first}); regenerate "
+                              "it with `draftheads data RECIPE --overwrite`") from None
+    if hasattr(rows, "keys") and not hasattr(rows, "column_names"):  # a DatasetDict
+        if "train" not in rows:
+            raise DraftheadsError(f"dataset '{path}' has splits {list(rows)} but no 'train' split")
+        rows = rows["train"]
+    missing = [c for c in COLUMNS if c not in rows.column_names]
+    if missing:
+        raise DraftheadsError(f"dataset '{path}' lacks column(s) {', '.join(missing)}; regenerate it with "
+                              "`draftheads data`")
+    if len(rows) == 0:
+        raise DraftheadsError(f"dataset '{path}' is empty; regenerate it with more data.num_prompts")
+    rows = rows.with_format("numpy", columns=list(COLUMNS))
+    if not any(mask.any() for start in range(0, len(rows), 1024) for mask in rows[start : start + 1024]["loss_mask"]):
+        raise DraftheadsError(f"dataset '{path}' has no generated tokens to train on (every loss_mask is 0); "
+                              "regenerate it with `draftheads data`, whose rows mark the target's answers")
+    return rows

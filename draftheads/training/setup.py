@@ -22,6 +22,7 @@ from datasets import concatenate_datasets
 from draftheads.core.drafter import TrainableDrafter
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.run_folder import COMPLETE, DATA_MARKER, incomplete_checkpoints
+from draftheads.data.datastore import COLUMNS, load_rows
 from draftheads.data.hardware import check_cpu_launch, resolve_device, resolve_dtype
 from draftheads.data.target import load_target
 from draftheads.heads.factory import bound_drafter, drafter_class, new_drafter
@@ -147,13 +148,13 @@ def setup(recipe, accelerator, target=None, drafter=None) -> Run:
 
 
 def training_rows(recipe):
-    """data.output's rows, then train.more_data's, each folder checked by B.load_rows; all made for one target."""
+    """data.output's rows, then train.more_data's, each folder checked by load_rows; all made for one target."""
     folders = [recipe.data_dir, *(Path(f) for f in recipe.train.more_data)]
     for folder in folders[1:]:
         if not folder.exists():
             raise DraftheadsError(f"train.more_data: '{folder}' not found; make it first (`draftheads data RECIPE` of "
                                   "the recipe whose data.output it is) or drop it from train.more_data")
-    parts = [B.load_rows(folder) for folder in folders]
+    parts = [load_rows(folder) for folder in folders]
     if len(parts) == 1:
         return parts[0]
     targets = {folder: data_target(folder) for folder in folders}
@@ -164,8 +165,8 @@ def training_rows(recipe):
                                   f"'{recipe.data_dir}' by {first}; train on data of one target, or drop '{folder}'")
 
     # plain format to concatenate, then the numpy view load_rows gives; the old rows keep their places (and shards)
-    rows = concatenate_datasets([part.with_format(None).select_columns(list(B.COLUMNS)) for part in parts])
-    return rows.with_format("numpy", columns=list(B.COLUMNS))
+    rows = concatenate_datasets([part.with_format(None).select_columns(list(COLUMNS)) for part in parts])
+    return rows.with_format("numpy", columns=list(COLUMNS))
 
 
 def data_target(folder: Path) -> str | None:

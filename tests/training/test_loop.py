@@ -14,6 +14,7 @@ import torch
 import yaml
 
 from draftheads.core.errors import DraftheadsError
+from draftheads.data.datastore import load_rows
 from draftheads.recipe import load_recipe
 from draftheads.training import batches as B
 from draftheads.training.loop import run_training
@@ -143,7 +144,7 @@ def test_eagle3_draft_vocabulary_is_the_most_frequent_loss_masked_tokens(tmp_pat
 
     recipe = tiny_recipe(data_dir, tmp_path / "run", {"type": "eagle3", "draft_vocab_size": 32}, max_steps=1)
     run_dir = run_training(recipe, target=llama_target)
-    rows = B.load_rows(data_dir)
+    rows = load_rows(data_dir)
     train_idx, _ = B.split_rows(len(rows), 0.2, 0)
     counts = B.loss_token_counts(rows, train_idx, 64, llama_target.config.vocab_size)
     d2t = load_file(str(run_dir / "final" / "drafter" / "model.safetensors"))["d2t"]
