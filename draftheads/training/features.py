@@ -61,7 +61,10 @@ def feature_dim(target, layers) -> int:
 def _settings(target, layers, max_length: int, feature_dtype: str) -> dict:
     """What the cached values depend on besides the rows (including a fingerprint of the weights)."""
     weights = target.get_input_embeddings().weight
-    probe = [float(weights.double().sum()), float(next(target.parameters()).double().abs().sum())]
+    # every weight counts: a LoRA update merged into a target saved over the old folder keeps its name and its
+    # embeddings, and must still not be served the old target's features (sums in float64, without a float64 copy)
+    probe = [float(weights.sum(dtype=torch.float64)), float(sum(float(p.sum(dtype=torch.float64))
+                                                                for p in target.parameters()))]
     return {
         "target": getattr(target, "name_or_path", ""), "config": target.config.to_json_string(use_diff=False),
         "dtype": str(next(target.parameters()).dtype), "probe": probe, "layers": list(layers),

@@ -9,6 +9,7 @@ import torch
 from accelerate import Accelerator
 
 from draftheads.core.errors import DraftheadsError
+from draftheads.data.datastore import load_rows
 from draftheads.training import batches as B
 from draftheads.training import features as Fe
 from draftheads.training.loop import run_training
@@ -16,7 +17,7 @@ from tests.training.train_helpers import max_weight_diff, tiny_recipe
 
 
 def build(target, data_dir, folder, layers, dtype="fp32", batch_size=4):
-    rows = B.load_rows(data_dir)
+    rows = load_rows(data_dir)
     lengths = B.row_lengths(rows, 64)
     cache = Fe.build_feature_cache(Accelerator(cpu=True), target, B.RowSet(rows, 64), lengths, layers, folder, dtype,
                                    batch_size)
@@ -70,13 +71,19 @@ def test_an_interrupted_build_resumes_at_the_missing_shard(tmp_path, data_dir, l
 def test_cache_key_changes_with_what_the_values_depend_on(data_dir, llama_target, tokenizer):
     from tests.fixtures import make_target
 
-    rows = B.load_rows(data_dir)
+    rows = load_rows(data_dir)
     lengths = B.row_lengths(rows, 64)
     key = Fe.cache_key(llama_target, (-1,), 64, "bf16", rows, lengths)
     assert key == Fe.cache_key(llama_target, (-1,), 64, "bf16", rows, lengths)
     assert key != Fe.cache_key(llama_target, (1, -1), 64, "bf16", rows, lengths)
     assert key != Fe.cache_key(llama_target, (-1,), 64, "fp16", rows, lengths)
     assert key != Fe.cache_key(make_target("llama", tokenizer, seed=1), (-1,), 64, "bf16", rows, lengths)
+    # the same name and embeddings, one projection moved (a merged LoRA update saved over the old folder)
+    updated = make_target("llama", tokenizer)
+    with torch.no_grad():
+        updated.model.layers[-1].mlp.down_proj.weight[0, 0] += 0.5
+    updated.name_or_path = llama_target.name_or_path
+    assert key != Fe.cache_key(updated, (-1,), 64, "bf16", rows, lengths)
 
 
 OFFLINE_HEADS = {
@@ -123,7 +130,7 @@ def test_a_cache_for_grown_rows_takes_the_kept_rows_shards_and_retires_the_old_c
     """As after `draftheads data` grows a folder: the old rows first, new ones after. Shards whose rows an
     earlier cache with the same settings holds are linked, not computed; other settings are left alone."""
     monkeypatch.setattr(Fe, "SHARD_ROWS", 5)
-    rows = B.load_rows(data_dir)
+    rows = load_rows(data_dir)
     lengths = B.row_lengths(rows, 64)
     assert len(rows) >= 12
     kept = rows.select(range(12))  # shards 0 and 1 whole, shard 2 holds 2 of the grown folder's 5
@@ -169,8 +176,8 @@ def test_more_data_trains_on_both_folders_and_its_cache_leaves_the_first_folders
     both = tiny_recipe(first, tmp_path / "both", more_data=[str(more)], **settings)
     rows = training_rows(both)
     assert len(rows) == 18
-    assert [list(r) for r in rows[:12]["input_ids"]] == [list(r) for r in B.load_rows(first)["input_ids"]]
-    assert [list(r) for r in rows[12:]["input_ids"]] == [list(r) for r in B.load_rows(more)["input_ids"]]
+    assert [list(r) for r in rows[:12]["input_ids"]] == [list(r) for r in load_rows(first)["input_ids"]]
+    assert [list(r) for r in rows[12:]["input_ids"]] == [list(r) for r in load_rows(more)["input_ids"]]
     run_training(both, target=llama_target)
     assert written == [3, 4]                                   # shards 0-2 hold first's 12 rows: taken over
     caches = sorted((first / "features").iterdir())
