@@ -172,3 +172,23 @@ def plot_tau_per_kind(rows: list[dict], path: Path) -> None:
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=7)
     save(plt, fig, path)
+
+
+def plot_drift(rows: list[dict], path: Path) -> None:
+    """`draftheads drift`: each drafter's acceptance rate by depth on the old target (solid) and the new (dashed)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, row in enumerate(rows):
+        color = f"C{i}"
+        for key, style, when in (("acceptance_old", "-", "old"), ("acceptance_new", "--", "new")):
+            rates = row.get(key) or []
+            ax.plot(range(1, len(rates) + 1), rates, style, marker="o", color=color,
+                    label=f"{row['drafter']} {row['rule']} ({when} target, tau {row['tau_' + when]:.2f})")
+    ax.set_xlabel("draft depth")
+    ax.set_ylabel("acceptance rate at that depth")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("acceptance before and after the target update")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
