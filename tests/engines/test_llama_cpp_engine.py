@@ -108,3 +108,37 @@ def test_our_gguf_is_what_llama_cpps_converter_makes_of_our_vllm_export(engine, 
         other = tensors_b[t.name]
         assert t.tensor_type == other.tensor_type and list(t.shape) == list(other.shape), t.name
         assert np.array_equal(np.asarray(t.data), np.asarray(other.data)), t.name
+
+
+def test_the_retrain_rule_fires_on_an_updated_target_in_llama_server_and_not_on_the_original(engine, trained,
+                                                                                              tmp_path):
+    """The drafter served by llama-server on its own target sets the baseline and, served again, stays within it;
+    on the target fine-tuned again (every weight, a high learning rate: a strong update) and converted to GGUF with
+    the vendored converter, the acceptance llama-server's /metrics counts falls and the rule fires."""
+    from transformers import AutoTokenizer
+
+    from draftheads.core.targets import embedded_checkpoint, embedded_gguf
+    from draftheads.data.chat import first_messages, render_ids
+    from draftheads.evaluation.acceptance_monitor import RetrainRule, serve_monitored
+    from draftheads.interop.export import export_drafter
+    from draftheads.interop.gguf_targets import convert_to_gguf
+    from draftheads.training.target_update import UpdateConfig, update_target
+
+    target, prompts, run = trained
+    drafter = export_drafter(run, "llama.cpp", tmp_path / "drafter") / "drafter.gguf"
+    updated = update_target(run.parent / "data", tmp_path / "updated",
+                            UpdateConfig(method="full", steps=6, lr=1e-3, batch_size=4, max_length=192))
+    updated_gguf = convert_to_gguf(updated, tmp_path / "updated.gguf", "f16")
+    tokenizer = AutoTokenizer.from_pretrained(embedded_checkpoint("smollm2-135m"))
+    ids = [render_ids(tokenizer, first_messages([p], None), add_generation_prompt=True) for p in PROMPTS] * 2
+
+    def served(gguf, rule, name):
+        return serve_monitored(engine.server, gguf, drafter, ids, rule, tmp_path / f"{name}.log")
+
+    _, baseline = served(embedded_gguf("smollm2-135m"), RetrainRule(baseline=0.5), "baseline")
+    assert baseline > 0.3                      # trained on these answers, the drafter is accepted
+    rule = RetrainRule(baseline=baseline, tolerance=0.15, window=8, min_observations=4)
+    same, same_rate = served(embedded_gguf("smollm2-135m"), rule, "original")
+    moved, moved_rate = served(updated_gguf, rule, "updated")
+    assert same.fired_at is None and abs(same_rate - baseline) < 0.05
+    assert moved_rate < rule.threshold and moved.fired_at is not None
