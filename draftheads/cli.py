@@ -1,4 +1,5 @@
-"""`draftheads` command line: data, train, eval, profile, export, engine (install, eval), demo, recipe.
+"""`draftheads` command line: data, train, eval, drift, update-target, monitor, profile, export, engine (install,
+eval), demo, recipe.
 
 Every user error is a `DraftheadsError`, printed as one line (`error: ...`) with exit status 2.
 Each command imports the package that does its work when it runs, not before: those pull in torch
@@ -92,6 +93,50 @@ def build_parser() -> argparse.ArgumentParser:
                         "same drafter, tree and rule, instead of from the calibration prompts")
     p.add_argument("--out", default=None, help="report folder (default: a timestamped folder)")
     p.set_defaults(handler=cmd_eval, parser=p)
+
+    p = sub.add_parser("drift", help="what an updated target does to a drafter: how far the target moved, the tau "
+                                     "drop predicted from that, and the drafter measured on both targets")
+    p.add_argument("drafter", help="the drafter or run folder (optionally +lookup or +suffix)")
+    p.add_argument("--target", required=True, help="the updated target (folder, .gguf file or hub id)")
+    p.add_argument("--old-target", default=None, help="the target it was trained for (default: its config.json's)")
+    p.add_argument("--data", default=None, help="rows the old target wrote, to measure the shift on (default: the "
+                                                "drafter's training data)")
+    p.add_argument("--rows", type=int, default=64, help="rows the shift is measured on (default: 64)")
+    p.add_argument("--old-report", default=None, help="an earlier eval of the drafter on the old target with the same "
+                                                      "settings, instead of measuring it again")
+    _prompt_args(p)
+    p.add_argument("--accept", default=None, metavar="RULE[,RULE...]", help="greedy,strict,typical (default: greedy)")
+    p.add_argument("--temperature", dest="temperatures", default=None, metavar="T[,T...]")
+    p.add_argument("--tree", default=None, help="the tree on both targets (default: the drafter's)")
+    p.add_argument("--out", default=None, help="report folder (default: a timestamped folder)")
+    p.set_defaults(handler=cmd_drift, parser=p)
+
+    p = sub.add_parser("update-target", help="make an updated target: fine-tuned again on data of its own writing "
+                                             "(LoRA or full), or its GGUF requantized")
+    p.add_argument("data", nargs="?", help="a `draftheads data` folder the target wrote (not for --requantize)")
+    p.add_argument("--out", required=True, help="the updated target's folder (a .gguf file with --requantize)")
+    p.add_argument("--method", default="lora", choices=["lora", "full"])
+    p.add_argument("--steps", type=int, default=60, help="optimizer steps: the strength of the update")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default 2e-4 lora, 2e-5 full)")
+    p.add_argument("--rank", type=int, default=16, help="LoRA rank")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--base", default="smollm2-135m", help="the target to update (default: smollm2-135m)")
+    p.add_argument("--gguf", default=None, choices=["f32", "f16", "bf16", "q8_0"],
+                   help="also write the update as a GGUF file of this type in --out, for llama.cpp")
+    p.add_argument("--requantize", default=None, choices=["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"],
+                   help="instead: requantize --base's GGUF (the embedded target's, or a .gguf file) to this type")
+    p.set_defaults(handler=cmd_update_target, parser=p)
+
+    p = sub.add_parser("monitor", help="watch a serving engine's draft acceptance (its /metrics) and say when the "
+                                       "drafter needs retraining")
+    p.add_argument("url", help="the server, e.g. http://127.0.0.1:8080 (llama-server started with --metrics, or vLLM)")
+    p.add_argument("--baseline", type=float, required=True,
+                   help="acceptance rate (accepted / drafted tokens) measured when the drafter was deployed")
+    p.add_argument("--tolerance", type=float, default=0.15, help="relative drop that calls for retraining")
+    p.add_argument("--window", type=int, default=20, help="polls the rate is taken over")
+    p.add_argument("--interval", type=float, default=30.0, help="seconds between polls")
+    p.add_argument("--polls", type=int, default=None, help="stop after this many polls (default: never)")
+    p.set_defaults(handler=cmd_monitor, parser=p)
 
     p = sub.add_parser("profile", help="time the target's verify forwards and the drafters' costs on this machine")
     p.add_argument("target", help="target spec, e.g. smollm2-135m or a Hugging Face id or folder")
@@ -227,6 +272,56 @@ def cmd_eval(args) -> int:
 
     config = _with_flags(saved_eval_settings(args.drafters), EvalConfig, args)
     run_eval(args.drafters, config, target=args.target, out=args.out)
+    return 0
+
+
+def cmd_drift(args) -> int:
+    from draftheads.evaluation.drift import run_drift
+    from draftheads.evaluation.eval_config import EvalConfig
+    from draftheads.evaluation.saved_runs import saved_eval_settings
+
+    config = _with_flags(saved_eval_settings([args.drafter]), EvalConfig, args)
+    run_drift(args.drafter, args.target, config, old_target=args.old_target, data=args.data, rows=args.rows,
+              out=args.out, old_report=args.old_report)
+    return 0
+
+
+def cmd_update_target(args) -> int:
+    from pathlib import Path
+
+    from draftheads.core.targets import ALIASES, embedded_gguf
+    from draftheads.interop.gguf_targets import convert_to_gguf, requantize_gguf
+    from draftheads.training.target_update import UpdateConfig, update_target
+
+    if args.requantize:
+        source = embedded_gguf(args.base) if args.base in ALIASES else Path(args.base)
+        if source.suffix != ".gguf" or not source.is_file():
+            raise DraftheadsError(f"--requantize needs a GGUF target; give --base a .gguf file or "
+                                  f"{', '.join(ALIASES)} (got '{args.base}')")
+        out = requantize_gguf(source, Path(args.out), args.requantize)
+        print(f"draftheads update-target: {source.name} requantized to {args.requantize}: {out}")
+        return 0
+    if not args.data:
+        args.parser.error("give the DATA folder to fine-tune on (or --requantize TYPE)")
+    config = UpdateConfig(method=args.method, steps=args.steps, lr=args.lr, rank=args.rank,
+                          batch_size=args.batch_size, base=args.base)
+    folder = update_target(args.data, args.out, config)
+    if args.gguf:
+        gguf = convert_to_gguf(folder, folder / f"model-{args.gguf}.gguf", args.gguf)
+        print(f"draftheads update-target: as GGUF for llama.cpp: {gguf}")
+    return 0
+
+
+def cmd_monitor(args) -> int:
+    """Exit status 3 when the rule fired: a script or a scheduler can start the retraining on it."""
+    from draftheads.evaluation.acceptance_monitor import RetrainRule, watch
+
+    rule = RetrainRule(baseline=args.baseline, tolerance=args.tolerance, window=args.window,
+                       min_observations=min(8, args.window))
+    monitor = watch(args.url, rule, interval_s=args.interval, polls=args.polls, stop_when_fired=True)
+    if monitor.fired_at is not None:
+        print(f"draftheads monitor: retrain: acceptance fell below {rule.threshold:.3f} (poll {monitor.fired_at})")
+        return 3
     return 0
 
 
