@@ -185,7 +185,7 @@ FREE = {
     "head": {"init_from"},
     "data": {"output", "batch_size", "concurrency", "max_retries", "openai_url", "openai_model", "backend"},
     "train": {"output_dir", "resume", "time_budget_minutes", "log_every", "eval_every", "save_every", "keep_last",
-              "feature_cache"},
+              "feature_cache", "shard_target"},
 }
 
 

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.training.batches import collate
+from draftheads.training.sharding import is_sharded
 
 SHARD_ROWS = 512
 STORAGE = {  # feature_dtype -> (torch dtype, numpy storage dtype, bytes per value)
@@ -42,13 +43,19 @@ STORAGE = {  # feature_dtype -> (torch dtype, numpy storage dtype, bytes per val
 
 
 @torch.no_grad()
-def target_features(target, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers) -> torch.Tensor:
+def target_features(target, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers,
+                    position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Hidden states at `layers` (indices into hidden_states; -1 = after the final norm), [b, s, F].
 
-    Runs the base model only: the lm_head over the whole vocabulary is not needed here.
+    Runs the base model only: the lm_head over the whole vocabulary is not needed here. Packed rows come
+    with position_ids [b, s] restarting at 0 for each row and no attention mask: transformers then builds
+    a mask that keeps every row to itself (its packed-sequence masks).
     """
     base = getattr(target, "base_model", target)
-    out = base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+    if position_ids is not None:
+        attention_mask = None
+    out = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+               output_hidden_states=True, use_cache=False)
     hidden = out.hidden_states
     return torch.cat([hidden[i] for i in layers], dim=-1)
 
@@ -63,13 +70,19 @@ def _settings(target, layers, max_length: int, feature_dtype: str) -> dict:
     weights = target.get_input_embeddings().weight
     # every weight counts: a LoRA update merged into a target saved over the old folder keeps its name and its
     # embeddings, and must still not be served the old target's features (sums in float64, without a float64 copy)
-    probe = [float(weights.sum(dtype=torch.float64)), float(sum(float(p.sum(dtype=torch.float64))
+    probe = [float(weights.sum(dtype=torch.float64)), float(sum(float(whole(p).sum(dtype=torch.float64))
                                                                 for p in target.parameters()))]
     return {
         "target": getattr(target, "name_or_path", ""), "config": target.config.to_json_string(use_diff=False),
         "dtype": str(next(target.parameters()).dtype), "probe": probe, "layers": list(layers),
         "max_length": max_length, "feature_dtype": feature_dtype,
     }
+
+
+def whole(p: torch.Tensor) -> torch.Tensor:
+    """A parameter whole: a sharded target's is gathered (every process must call this), so its cache key is the
+    unsharded target's."""
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
 
 
 def _short_hash(info: dict) -> str:
@@ -160,8 +173,9 @@ def build_feature_cache(accelerator, target, rowset, lengths: np.ndarray, layers
     torch_dtype, np_dtype, nbytes = STORAGE[feature_dtype]
     dim = feature_dim(target, layers)
     shards = -(-len(lengths) // SHARD_ROWS)
+    # every process: a sharded target's weights can only be summed by all of them together
+    settings = settings_key(target, layers, rowset.max_length, feature_dtype)
     if accelerator.is_main_process:  # only the main process takes shards over and writes the manifest
-        settings = settings_key(target, layers, rowset.max_length, feature_dtype)
         digests = shard_digests(rowset, len(lengths))
         folder.mkdir(parents=True, exist_ok=True)
         if share_folder:
@@ -177,12 +191,16 @@ def build_feature_cache(accelerator, target, rowset, lengths: np.ndarray, layers
     accelerator.wait_for_everyone()
     mine = [s for s in range(accelerator.process_index, shards, accelerator.num_processes)
             if not (folder / shard_name(s)).is_file()]
+    spare = _spare_forwards(accelerator, target, mine, len(lengths), batch_size)
     bar = _progress(accelerator, len(mine))
     for s in mine:
         _write_shard(target, rowset, lengths, layers, folder, s, torch_dtype, np_dtype, dim, batch_size,
                      accelerator.device)
         bar.update(1)
     bar.close()
+    for _ in range(spare):
+        one = torch.ones(1, 1, dtype=torch.long, device=accelerator.device)
+        target_features(target, one, one, layers)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         manifest = {"feature_dtype": feature_dtype, "shard_rows": SHARD_ROWS, "shards": shards, "dim": dim,
@@ -195,6 +213,16 @@ def build_feature_cache(accelerator, target, rowset, lengths: np.ndarray, layers
                 shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return FeatureCache(folder)
+
+
+def _spare_forwards(accelerator, target, mine: list[int], rows: int, batch_size: int) -> int:
+    """Forwards this process must run after its own shards so that all run as many: each forward of a sharded
+    target is a collective. Agreed on before any forward (the agreement is a collective too). 0 when not sharded."""
+    if not is_sharded(target):
+        return 0
+    forwards = sum(-(-(min((s + 1) * SHARD_ROWS, rows) - s * SHARD_ROWS) // batch_size) for s in mine)
+    most = int(accelerator.reduce(torch.tensor(forwards, device=accelerator.device), reduction="max"))
+    return most - forwards
 
 
 def _earlier_caches(folder: Path, settings: str) -> dict[Path, dict]:

@@ -55,6 +55,8 @@ class TrainConfig:
                                              "drafter/run folder")
     bucket_by_length: bool = doc(True, "batch rows of similar length together (less padding); rows never attend to "
                                        "each other")
+    pack: bool = doc(False, "pack whole rows into sequences of up to max_length tokens (first-fit-decreasing; "
+                            "batch_size then counts sequences): no padding, and rows still never see each other")
     lr: float = doc(3e-4, "AdamW learning rate")
     weight_decay: float = doc(0.0, "AdamW weight decay")
     betas: list[float] = doc([0.9, 0.95], "AdamW betas")
@@ -72,6 +74,8 @@ class TrainConfig:
     log_every: int = doc(10, "log metrics every N steps")
     feature_dtype: Literal["bf16", "fp16", "fp32"] = doc("bf16", "offline mode: dtype of cached features (fp32 doubles "
                                                                  "the disk size)")
+    shard_target: bool = doc(False, "FSDP launches: shard the frozen target's decoder layers over the processes "
+                                    "(forward-only), so its memory per process falls with their count")
     feature_cache: str | None = doc(None, "offline mode: feature cache folder (default <data folder>/features/<key>)")
 
     def __post_init__(self):
@@ -111,8 +115,9 @@ def micro_batches(run: Run):
     """Endless micro-batches for this process; run.state's (epoch, batch_in_epoch) tracks the position."""
     cfg, acc, state = run.recipe.train, run.accelerator, run.state
     while True:
-        epoch = B.epoch_batches(run.train_idx, run.lengths, cfg.batch_size, cfg.seed, state["epoch"],
-                                cfg.bucket_by_length)
+        epoch = (B.epoch_packs(run.train_idx, run.lengths, cfg.batch_size, cfg.max_length, cfg.seed, state["epoch"])
+                 if cfg.pack else B.epoch_batches(run.train_idx, run.lengths, cfg.batch_size, cfg.seed,
+                                                  state["epoch"], cfg.bucket_by_length))
         mine = B.shard(epoch, acc.process_index, acc.num_processes)
         if not mine:
             raise DraftheadsError(f"{len(run.train_idx)} training rows make no full batch of "
@@ -135,7 +140,7 @@ def with_features(run: Run, batch: dict) -> dict:
     batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
     if run.online and not run.drafter.trains_target:
         batch["features"] = target_features(run.target, batch["input_ids"], batch["attention_mask"],
-                                            run.drafter.feature_layers)
+                                            run.drafter.feature_layers, batch.get("position_ids"))
     return batch
 
 

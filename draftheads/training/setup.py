@@ -31,6 +31,8 @@ from draftheads.interop.vocab_mapping import read_vocab_mapping
 from draftheads.training import batches as B
 from draftheads.training import checkpoint as C
 from draftheads.training.features import build_feature_cache, cache_key
+from draftheads.training.sharding import (check_fsdp_checkpoints, keep_fsdp_on_cpu, local_bytes, shard_target,
+                                          whole_bytes)
 from draftheads.training.trackers import check_trackers, prepare_environment
 
 
@@ -109,13 +111,17 @@ def make_accelerator(recipe):
     cpu = recipe.target.device == "cpu"
     dtype = resolve_dtype(cfg.dtype, PartialState(cpu=cpu).device)
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "no")
-    return Accelerator(
+    accelerator = Accelerator(
         cpu=cpu,
         mixed_precision=precision,
         gradient_accumulation_steps=cfg.grad_accum,
         log_with=list(recipe.log.trackers) or None,
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
     )
+    if cpu:
+        keep_fsdp_on_cpu(accelerator, precision)
+    check_fsdp_checkpoints(accelerator)
+    return accelerator
 
 
 def setup(recipe, accelerator, target=None, drafter=None) -> Run:
@@ -126,6 +132,7 @@ def setup(recipe, accelerator, target=None, drafter=None) -> Run:
                               "train.mode=online")
     model = _target_model(recipe, accelerator, target)
     recipe.resolve(model.config)
+    place_target(recipe, accelerator, model)
     set_seed(cfg.seed)  # the drafter's initial weights depend on the seed only
     rows = training_rows(recipe)
     lengths = B.row_lengths(rows, cfg.max_length)
@@ -185,6 +192,20 @@ def _target_model(recipe, accelerator, target):
                            device=str(accelerator.device), revision=t.revision, trust_remote_code=t.trust_remote_code,
                            chat_template=t.chat_template, attn_implementation=t.attn_implementation)
     return model
+
+
+def place_target(recipe, accelerator, model) -> None:
+    """Shard the frozen target's layers when the recipe asks (FSDP only); say what it takes per process."""
+    if recipe.train.shard_target:
+        if drafter_class(recipe.head).trains_target:
+            raise DraftheadsError("train.shard_target: head.type medusa2 trains LoRA on the target, which FSDP would "
+                                  "then have to train sharded; set train.shard_target=false")
+        shard_target(model, accelerator)
+    if accelerator.num_processes > 1:
+        mine, whole = local_bytes(model) / 2**20, whole_bytes(model) / 2**20
+        how = (f"its decoder layers sharded over {accelerator.num_processes} processes" if recipe.train.shard_target
+               else "whole on every process; train.shard_target=true shards its layers under FSDP")
+        accelerator.print(f"draftheads: target weights per process: {mine:,.1f} MiB of {whole:,.1f} MiB ({how})")
 
 
 def initial_drafter(recipe, model, rows, train_idx):

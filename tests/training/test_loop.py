@@ -219,7 +219,8 @@ def test_wandb_runs_offline_without_an_account(tmp_path, data_dir, llama_target,
 def test_bundled_accelerate_configs_load():
     from accelerate.commands.config.config_args import load_config_from_file
 
-    expected = {"single_gpu": "NO", "multi_gpu_ddp": "MULTI_GPU", "fsdp": "FSDP", "deepspeed_zero2": "DEEPSPEED"}
+    expected = {"single_gpu": "NO", "multi_gpu_ddp": "MULTI_GPU", "fsdp": "FSDP", "fsdp_cpu": "FSDP",
+                "multi_node": "MULTI_GPU", "deepspeed_zero2": "DEEPSPEED"}
     for name, kind in expected.items():
         path = REPO / "draftheads" / "recipes" / "accelerate" / f"{name}.yaml"
         assert path.read_text().startswith("#") and "accelerate launch --config_file" in path.read_text()

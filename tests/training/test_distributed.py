@@ -1,0 +1,112 @@
+"""Training past one process, executed on CPU (gloo, loopback) as the stand-in for a cluster:
+FSDP2 (the drafter sharded, and the frozen target's layers with train.shard_target) and a two-machine
+launch give the drafter one process gives with the same global batch; bad FSDP settings are refused."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from draftheads.interop.load import load_drafter
+from draftheads.recipe import load_recipe
+from draftheads.training.loop import run_training
+from tests.training.train_helpers import max_weight_diff, tiny_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "draftheads" / "recipes" / "accelerate"
+HEADS = {"eagle3": {"type": "eagle3", "ttt_steps": 2, "input_noise": 0.0}, "mtp": {"type": "mtp", "depth": 2}}
+# FSDP reduce-scatters the two processes' gradients where one process adds its two micro-batches' gradients:
+# the same fp32 numbers summed in another order, so the weights may differ in the last bits (1.2e-7 seen)
+FP32_ORDER = 1e-5
+
+
+def write_recipe(tmp_path, data_dir, target_dir, head: str, mode: str) -> Path:
+    """A recipe of 4 steps of 3 rows per process; 19 training rows make 6 batches, 3 per process."""
+    recipe = tiny_recipe(data_dir, tmp_path / "run", HEADS[head], mode=mode, max_steps=4, batch_size=3, save_every=2,
+                         eval_every=2).to_dict()
+    recipe.pop("derived", None)
+    recipe["target"]["name"] = str(target_dir)
+    path = tmp_path / f"{head}-{mode}.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def accelerate_launch(args: list[str], recipe: Path, *overrides: str, port: int) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "accelerate.commands.launch", *args, "--main_process_port", str(port),
+               "-m", "draftheads.train", str(recipe), *overrides]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finished(process: subprocess.Popen) -> str:
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 0, err[-3000:]
+    return out
+
+
+def one_process(path: Path, folder: Path) -> Path:
+    """The same rows in one process: two micro-batches per step, as the two processes take one each."""
+    return run_training(load_recipe(str(path), ["train.grad_accum=2", f"train.output_dir={folder}"]))
+
+
+def same_training(a: Path, b: Path, tolerance: float) -> None:
+    assert max_weight_diff(a / "final" / "drafter", b / "final" / "drafter") <= tolerance
+    ma, mb = (json.loads((run / "final" / "metrics.json").read_text()) for run in (a, b))
+    assert [h["loss"] for h in ma["history"]] == pytest.approx([h["loss"] for h in mb["history"]], abs=1e-5)
+    assert ma["final_eval"]["positions"] == mb["final_eval"]["positions"]
+
+
+@pytest.mark.parametrize("head,mode,shard", [("eagle3", "online", False), ("eagle3", "offline", True),
+                                             ("mtp", "online", True), ("mtp", "offline", False)])
+def test_fsdp_two_processes_train_the_drafter_of_one(tmp_path, data_dir, tiny_target_dir, llama_target, head, mode,
+                                                     shard):
+    path = write_recipe(tmp_path, data_dir, tiny_target_dir, head, mode)
+    out = finished(accelerate_launch(["--config_file", str(CONFIGS / "fsdp_cpu.yaml")], path,
+                                     f"train.output_dir={tmp_path / 'fsdp'}", f"train.shard_target={shard}",
+                                     port=29561))
+    memory = next(line for line in out.splitlines() if "target weights per process" in line)
+    mine, whole = (float(x) for x in re.search(r"([\d.]+) MiB of ([\d.]+) MiB", memory).groups())
+    assert (mine < 0.8 * whole) if shard else (mine == whole)  # the tiny target's embeddings are a third of it
+    assert "sharded over 2 processes" in memory if shard else "whole on every process" in memory
+    checkpoint = tmp_path / "fsdp" / "step_000002"
+    assert (checkpoint / "pytorch_model_fsdp.bin").is_file() and not list(checkpoint.rglob("*.distcp"))
+    same_training(tmp_path / "fsdp", one_process(path, tmp_path / "one"), FP32_ORDER)
+    drafter = load_drafter(tmp_path / "fsdp" / "final" / "drafter", llama_target)  # a normal, whole drafter folder
+    assert drafter.config.type == head
+
+
+def test_two_machines_on_loopback_train_the_drafter_of_one(tmp_path, data_dir, tiny_target_dir):
+    """multi_node.yaml as two one-process 'machines' on 127.0.0.1 (static rendezvous): DDP across them."""
+    path = write_recipe(tmp_path, data_dir, tiny_target_dir, "eagle3", "online")
+    machines = [accelerate_launch(["--config_file", str(CONFIGS / "multi_node.yaml"), "--num_processes", "2",
+                                   "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1"], path,
+                                  f"train.output_dir={tmp_path / 'nodes'}", port=29563) for rank in (0, 1)]
+    outs = [finished(machine) for machine in machines]
+    assert [out.count("held-out top-1 accuracy") for out in outs] == [1, 1]  # accelerate prints once per machine
+    same_training(tmp_path / "nodes", one_process(path, tmp_path / "one"), 0.0)
+
+
+def test_shard_target_outside_fsdp_is_refused_in_one_line(tmp_path, data_dir, llama_target):
+    from draftheads.core.errors import DraftheadsError
+
+    recipe = tiny_recipe(data_dir, tmp_path / "run", HEADS["eagle3"], shard_target=True)
+    with pytest.raises(DraftheadsError, match="train.shard_target needs an FSDP launch"):
+        run_training(recipe, target=llama_target)
+
+
+def test_fsdp_sharded_checkpoints_are_refused_in_one_line(tmp_path, data_dir, tiny_target_dir):
+    """SHARDED_STATE_DICT checkpoints carry pickled metadata that torch.distributed.checkpoint unpickles on resume."""
+    path = write_recipe(tmp_path, data_dir, tiny_target_dir, "mtp", "online")
+    config = yaml.safe_load((CONFIGS / "fsdp_cpu.yaml").read_text())
+    config["fsdp_config"]["fsdp_state_dict_type"] = "SHARDED_STATE_DICT"
+    (tmp_path / "sharded.yaml").write_text(yaml.safe_dump(config))
+    run = accelerate_launch(["--config_file", str(tmp_path / "sharded.yaml")], path,
+                            f"train.output_dir={tmp_path / 'x'}", port=29565)
+    out, err = run.communicate(timeout=600)
+    assert run.returncode != 0 and "set fsdp_state_dict_type: FULL_STATE_DICT" in out + err
+    assert not (tmp_path / "x" / "step_000002").exists()
