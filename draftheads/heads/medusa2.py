@@ -188,8 +188,10 @@ class Medusa2Drafter(nn.Module):
     def _adapted_hidden(self, batch: dict) -> torch.Tensor:
         """[b, s, H] last hidden state (after the final norm) of the adapted target."""
         decoder = self.adapted_target().get_base_model().get_decoder()
-        out = decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                      position_ids=batch.get("position_ids"))
+        positions = batch.get("position_ids")
+        # packed rows: no mask and no cache, so that transformers builds a mask from the restarting positions
+        out = decoder(input_ids=batch["input_ids"], attention_mask=None if positions is not None else
+                      batch["attention_mask"], position_ids=positions, use_cache=False)
         return out.last_hidden_state
 
     def _kl_to_original(self, hidden: torch.Tensor, batch: dict) -> tuple[torch.Tensor, int]:

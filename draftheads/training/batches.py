@@ -1,7 +1,10 @@
-"""Training rows and batches: the eval split, length-bucketed batch order, collation.
+"""Training rows and batches: the eval split, length-bucketed or packed batch order, collation.
 
 Rows come from the target-generated dataset (`draftheads data`): input_ids, loss_mask, prompt_id.
-Every batch holds whole rows padded on the right, so rows never attend to each other.
+Every batch holds whole rows padded on the right, so rows never attend to each other; or, with
+train.pack, sequences of several whole rows each (first-fit-decreasing into max_length tokens), whose
+position_ids restart at 0 for every row: the target (transformers' packed-sequence masks) and every
+drafter then keep each row to itself, and no prediction crosses into the next row.
 Batch order is a pure function of (seed, epoch), which makes the data position resumable
 as (epoch, batches consumed) without replaying anything.
 """
@@ -55,6 +58,39 @@ def epoch_batches(indices: np.ndarray, lengths: np.ndarray, batch_size: int, see
     return [batches[i] for i in rng.permutation(n)] if bucket else batches
 
 
+def epoch_packs(indices: np.ndarray, lengths: np.ndarray, batch_size: int, capacity: int, seed: int,
+                epoch: int) -> list[list[tuple[int, ...]]]:
+    """Batches of `batch_size` packed sequences (tuples of row indices, <= capacity tokens each) for one epoch.
+
+    Rows are shuffled, cut into pools, and each pool is packed first-fit-decreasing (longest rows first, each
+    into the first sequence with room): pools keep the packing work small and mix lengths across the epoch.
+    The batches are shuffled again; an incomplete last batch is dropped.
+    """
+    rng = np.random.default_rng([seed, epoch])
+    order = indices[rng.permutation(len(indices))]
+    packs = []
+    for chunk in np.array_split(order, max(1, -(-len(order) // 1024))):
+        packs.extend(first_fit_decreasing(chunk, lengths, capacity))
+    packs = [packs[i] for i in rng.permutation(len(packs))]
+    n = len(packs) // batch_size
+    return [packs[i * batch_size:(i + 1) * batch_size] for i in range(n)]
+
+
+def first_fit_decreasing(rows: np.ndarray, lengths: np.ndarray, capacity: int) -> list[tuple[int, ...]]:
+    """Rows into sequences of at most `capacity` tokens: longest first, each into the first with room."""
+    packs, room = [], []
+    for i in rows[np.argsort(-lengths[rows], kind="stable")]:
+        n = int(lengths[i])
+        place = next((k for k, free in enumerate(room) if free >= n), None)
+        if place is None:
+            packs.append([])
+            room.append(capacity)
+            place = len(packs) - 1
+        packs[place].append(int(i))
+        room[place] -= n
+    return [tuple(p) for p in packs]
+
+
 def shard(batches: list, rank: int, world: int) -> list:
     """This process's share: every world-th batch, trimmed so all processes get the same count."""
     n = len(batches) // world
@@ -76,7 +112,9 @@ class RowSet(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, i: int) -> dict:
+    def __getitem__(self, i) -> dict:
+        if isinstance(i, tuple):  # a packed sequence
+            return pack([self[j] for j in i])
         row = self.rows[int(i)]
         item = {
             "input_ids": torch.as_tensor(np.asarray(row["input_ids"])[: self.max_length], dtype=torch.long),
@@ -87,8 +125,18 @@ class RowSet(torch.utils.data.Dataset):
         return item
 
 
+def pack(items: list[dict]) -> dict:
+    """Rows one after another as one sequence, with position_ids restarting at 0 for each."""
+    out = {key: torch.cat([it[key] for it in items]) for key in items[0]}
+    out["position_ids"] = torch.cat([torch.arange(len(it["input_ids"])) for it in items])
+    return out
+
+
 def collate(items: list[dict]) -> dict:
-    """Right-pad a list of rows into a batch: input_ids/attention_mask/loss_mask [b, s] (features [b, s, F])."""
+    """Right-pad a list of rows into a batch: input_ids/attention_mask/loss_mask [b, s] (features [b, s, F]).
+
+    Packed sequences bring position_ids [b, s]; their padding counts from 0 again, a row of its own that
+    nothing attends to (attention_mask 0)."""
     s = max(len(it["input_ids"]) for it in items)
     b = len(items)
     out = {
@@ -99,6 +147,8 @@ def collate(items: list[dict]) -> dict:
     if "features" in items[0]:
         f = items[0]["features"]
         out["features"] = torch.zeros(b, s, f.shape[-1], dtype=f.dtype)
+    if "position_ids" in items[0]:
+        out["position_ids"] = torch.zeros(b, s, dtype=torch.long)
     for j, it in enumerate(items):
         n = len(it["input_ids"])
         out["input_ids"][j, :n] = it["input_ids"]
@@ -106,6 +156,8 @@ def collate(items: list[dict]) -> dict:
         out["loss_mask"][j, :n] = it["loss_mask"]
         if "features" in it:
             out["features"][j, :n] = it["features"]
+        if "position_ids" in it:
+            out["position_ids"][j] = torch.cat([it["position_ids"], torch.arange(s - n)])
     return out
 
 
