@@ -1,5 +1,5 @@
 """Training killed for real (SIGKILL, no cleanup) mid-step and mid-checkpoint, then resumed: the drafter equals
-an uninterrupted run's bit for bit, in one process and in a 2-process DDP run (gloo on CPU)."""
+an uninterrupted run's bit for bit, in one process, in a 2-process DDP run and in a 2-process FSDP2 run (gloo on CPU)."""
 
 import os
 import subprocess
@@ -61,8 +61,16 @@ def launch(recipe, processes=1, kill=None):
         script = [str(driver), kill[0], str(kill[1])]
     else:
         script = ["-m", "draftheads.train"]
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-                "--master_port", str(29500 + os.getpid() % 1000)] if processes > 1 else [sys.executable]
+    port = str(29500 + os.getpid() % 1000)
+    if processes == "fsdp":  # two processes through Accelerate's FSDP2 path (training/sharding.py keeps it on CPU)
+        config = os.path.join(ROOT, "draftheads", "recipes", "accelerate", "fsdp_cpu.yaml")
+        launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config,
+                    "--main_process_port", port]
+    elif processes > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
+                    "--master_port", port]
+    else:
+        launcher = [sys.executable]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
     return subprocess.run([*launcher, *script, str(recipe)], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
@@ -73,7 +81,7 @@ def same_bits(a, b) -> bool:
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-@pytest.mark.parametrize("processes", [1, 2], ids=["one-process", "ddp-2"])
+@pytest.mark.parametrize("processes", [1, 2, "fsdp"], ids=["one-process", "ddp-2", "fsdp-2"])
 def test_killed_twice_then_resumed_equals_an_uninterrupted_run(tmp_path, recipe_file, processes):
     straight = launch(recipe_file(tmp_path / "straight"), processes)
     assert straight.returncode == 0, straight.stderr[-2000:]
@@ -81,6 +89,7 @@ def test_killed_twice_then_resumed_equals_an_uninterrupted_run(tmp_path, recipe_
     recipe = recipe_file(run)
     first = launch(recipe, processes, kill=("step", 3))  # mid-step 3: step 2's checkpoint is the newest
     assert first.returncode != 0 and (run / "step_000002" / "COMPLETE").is_file() and not (run / "step_000004").exists()
+    assert (run / "step_000002" / "pytorch_model_fsdp.bin").is_file() == (processes == "fsdp")  # FSDP's own saving
     second = launch(recipe, processes, kill=("save", 4))  # resumed from 2, killed while writing checkpoint 4
     assert second.returncode != 0 and "resuming from" in second.stdout and not (run / "step_000004").exists()
     assert (run / "step_000004.tmp").is_dir()  # the half-written checkpoint, skipped and replaced by the next save
