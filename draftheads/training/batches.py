@@ -121,13 +121,21 @@ class RowSet(torch.utils.data.Dataset):
             "loss_mask": torch.as_tensor(np.asarray(row["loss_mask"])[: self.max_length], dtype=torch.long),
         }
         if self.features is not None:
-            item["features"] = self.features.row(int(i))
+            features = self.features.row(int(i))
+            if features is not None:  # a hybrid cache (training/hybrid_cache.py) misses rows not trained on yet
+                item["features"] = features
+            if getattr(self.features, "stores_rows", False):
+                item["rows"] = [int(i)]  # which rows to cache once the target has computed their features
         return item
 
 
 def pack(items: list[dict]) -> dict:
     """Rows one after another as one sequence, with position_ids restarting at 0 for each."""
-    out = {key: torch.cat([it[key] for it in items]) for key in items[0]}
+    out = {key: torch.cat([it[key] for it in items]) for key in ("input_ids", "loss_mask")}
+    if all("features" in it for it in items):
+        out["features"] = torch.cat([it["features"] for it in items])
+    if "rows" in items[0]:
+        out["rows"] = [i for it in items for i in it["rows"]]
     out["position_ids"] = torch.cat([torch.arange(len(it["input_ids"])) for it in items])
     return out
 
@@ -144,9 +152,12 @@ def collate(items: list[dict]) -> dict:
         "attention_mask": torch.zeros(b, s, dtype=torch.long),
         "loss_mask": torch.zeros(b, s, dtype=torch.long),
     }
-    if "features" in items[0]:
+    features = all("features" in it for it in items)  # a batch with one hybrid-cache miss is computed whole
+    if features:
         f = items[0]["features"]
         out["features"] = torch.zeros(b, s, f.shape[-1], dtype=f.dtype)
+    if "rows" in items[0]:
+        out["rows"] = [it["rows"] for it in items]
     if "position_ids" in items[0]:
         out["position_ids"] = torch.zeros(b, s, dtype=torch.long)
     for j, it in enumerate(items):
@@ -154,7 +165,7 @@ def collate(items: list[dict]) -> dict:
         out["input_ids"][j, :n] = it["input_ids"]
         out["attention_mask"][j, :n] = 1
         out["loss_mask"][j, :n] = it["loss_mask"]
-        if "features" in it:
+        if features:
             out["features"][j, :n] = it["features"]
         if "position_ids" in it:
             out["position_ids"][j] = torch.cat([it["position_ids"], torch.arange(s - n)])

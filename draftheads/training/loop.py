@@ -30,6 +30,7 @@ from draftheads.interop.native import save_drafter
 from draftheads.training import batches as B
 from draftheads.training import checkpoint as C
 from draftheads.training.features import target_features
+from draftheads.training.hybrid_cache import store_batch
 from draftheads.training.metrics import DepthStats, flat_metrics
 from draftheads.training.setup import Run, exportable_drafter, make_accelerator, release_accelerate_state, setup
 from draftheads.training.trackers import start_trackers
@@ -40,8 +41,9 @@ class TrainConfig:
     """The Accelerate training loop (`draftheads train`)."""
 
     output_dir: str | None = doc(None, "run folder (default runs/<name>)")
-    mode: Literal["online", "offline"] = doc("online", "'online': target forward every step; 'offline': features "
-                                                       "cached to disk once")
+    mode: Literal["online", "offline", "hybrid"] = doc("online", "'online': target forward every step; 'offline': "
+                                                                 "features cached to disk once, before training; "
+                                                                 "'hybrid': cached as the first epoch computes them")
     max_steps: int = doc(1000, "optimizer steps")
     time_budget_minutes: float | None = doc(None, "the wall-clock budget this recipe is sized for on its "
                                                   "stated hardware")
@@ -76,6 +78,8 @@ class TrainConfig:
                                                                  "the disk size)")
     shard_target: bool = doc(False, "FSDP launches: shard the frozen target's decoder layers over the processes "
                                     "(forward-only), so its memory per process falls with their count")
+    feature_cache_max_gb: float | None = doc(None, "hybrid mode: disk the feature cache may take (rows past it stay "
+                                                   "online)")
     feature_cache: str | None = doc(None, "offline mode: feature cache folder (default <data folder>/features/<key>)")
 
     def __post_init__(self):
@@ -89,6 +93,8 @@ class TrainConfig:
         check(0 <= self.eval_fraction < 1, f"train.eval_fraction must be in [0, 1), got {self.eval_fraction}")
         check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
               f"train.betas must be two numbers in [0, 1), got {self.betas}")
+        check(self.feature_cache_max_gb is None or self.feature_cache_max_gb >= 0,
+              f"train.feature_cache_max_gb must be >= 0, got {self.feature_cache_max_gb}")
         check(self.time_budget_minutes is None or self.time_budget_minutes > 0,
               "train.time_budget_minutes must be positive")
 
@@ -135,12 +141,16 @@ def micro_batches(run: Run):
 
 
 def with_features(run: Run, batch: dict) -> dict:
-    """The batch on the device, with the target's features added in online mode."""
+    """The batch on the device, with the target's features computed where no cache holds them (online mode, or a
+    hybrid cache's first sight of a row, which is then cached)."""
     device = run.accelerator.device
+    rows = batch.pop("rows", None)
     batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-    if run.online and not run.drafter.trains_target:
+    if "features" not in batch and not run.drafter.trains_target:
         batch["features"] = target_features(run.target, batch["input_ids"], batch["attention_mask"],
                                             run.drafter.feature_layers, batch.get("position_ids"))
+        if rows is not None:
+            store_batch(run.rows.features, batch, rows, batch["features"])
     return batch
 
 

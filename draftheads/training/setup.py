@@ -30,7 +30,8 @@ from draftheads.interop.load import load_drafter
 from draftheads.interop.vocab_mapping import read_vocab_mapping
 from draftheads.training import batches as B
 from draftheads.training import checkpoint as C
-from draftheads.training.features import build_feature_cache, cache_key
+from draftheads.training.features import build_feature_cache, cache_key, feature_dim
+from draftheads.training.hybrid_cache import open_hybrid_cache
 from draftheads.training.sharding import (check_fsdp_checkpoints, keep_fsdp_on_cpu, local_bytes, shard_target,
                                           whole_bytes)
 from draftheads.training.trackers import check_trackers, prepare_environment
@@ -127,9 +128,13 @@ def make_accelerator(recipe):
 def setup(recipe, accelerator, target=None, drafter=None) -> Run:
     """Target, drafter, data, optimizer and schedule, prepared; state restored from a checkpoint if resuming."""
     cfg = recipe.train
-    if cfg.mode == "offline" and drafter_class(recipe.head).trains_target:
+    if cfg.mode != "online" and drafter_class(recipe.head).trains_target:
         raise DraftheadsError("head.type medusa2 trains LoRA on the target, so it cannot use cached features; set "
                               "train.mode=online")
+    if cfg.mode == "hybrid" and cfg.shard_target:
+        raise DraftheadsError("train.mode=hybrid computes features only for rows not cached yet, but a sharded "
+                              "target needs every process to run the same forwards; use train.mode=offline with "
+                              "train.shard_target")
     model = _target_model(recipe, accelerator, target)
     recipe.resolve(model.config)
     place_target(recipe, accelerator, model)
@@ -244,8 +249,13 @@ def make_rowset(recipe, accelerator, model, drafter, rows, lengths) -> B.RowSet:
         raise DraftheadsError("this drafter trains the target itself (Medusa-2: LoRA on the target), so it cannot use "
                               "cached features; set train.mode=online")
     layers = tuple(drafter.feature_layers)
-    folder = Path(cfg.feature_cache) if cfg.feature_cache else (
-        recipe.data_dir / "features" / cache_key(model, layers, cfg.max_length, cfg.feature_dtype, rows, lengths))
+    key = cache_key(model, layers, cfg.max_length, cfg.feature_dtype, rows, lengths)
+    if cfg.mode == "hybrid":
+        folder = Path(cfg.feature_cache) if cfg.feature_cache else recipe.data_dir / "features" / f"hybrid-{key}"
+        cache = open_hybrid_cache(accelerator, folder, cfg.feature_dtype, feature_dim(model, layers),
+                                  int(lengths.sum()), cfg.feature_cache_max_gb)
+        return B.RowSet(rows, cfg.max_length, cache)
+    folder = Path(cfg.feature_cache) if cfg.feature_cache else recipe.data_dir / "features" / key
     cache = build_feature_cache(accelerator, model, B.RowSet(rows, cfg.max_length), lengths, layers, folder,
                                 cfg.feature_dtype, cfg.batch_size, share_folder=not cfg.feature_cache,
                                 keep_earlier=bool(cfg.more_data))
