@@ -105,11 +105,13 @@ def release_accelerate_state() -> None:
 def make_accelerator(recipe):
     cfg = recipe.train
     check_cpu_launch("train")
-    resolve_device(recipe.target.device)  # cuda asked for without a GPU would train on the CPU, silently
+    device = resolve_device(recipe.target.device)  # cuda asked for without a GPU would train on the CPU, silently
     check_trackers(recipe.log.trackers)
     run_dir = recipe.run_dir
     prepare_environment(recipe.log, run_dir)
-    cpu = recipe.target.device == "cpu"
+    # 'auto' on a machine without a GPU is the CPU too: told nothing, Accelerate would start each launched process
+    # as a run of its own (N copies writing one run folder) instead of joining them over gloo
+    cpu = device.type == "cpu"
     dtype = resolve_dtype(cfg.dtype, PartialState(cpu=cpu).device)
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "no")
     accelerator = Accelerator(
@@ -119,8 +121,7 @@ def make_accelerator(recipe):
         log_with=list(recipe.log.trackers) or None,
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
     )
-    if cpu:
-        keep_fsdp_on_cpu(accelerator, precision)
+    keep_fsdp_on_cpu(accelerator, precision)  # CPU processes only (target.device cpu, or auto without a GPU)
     check_fsdp_checkpoints(accelerator)
     return accelerator
 

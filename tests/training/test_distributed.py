@@ -83,6 +83,9 @@ def test_fsdp_two_processes_train_the_drafter_of_one(tmp_path, data_dir, tiny_ta
 def test_two_machines_on_loopback_train_the_drafter_of_one(tmp_path, data_dir, tiny_target_dir):
     """multi_node.yaml as two one-process 'machines' on 127.0.0.1 (static rendezvous): DDP across them."""
     path = write_recipe(tmp_path, data_dir, tiny_target_dir, "eagle3", "online")
+    recipe = yaml.safe_load(path.read_text())
+    recipe["target"]["device"] = "auto"  # = cpu here: it once started each process as a separate run of its own
+    path.write_text(yaml.safe_dump(recipe))
     machines = [accelerate_launch(["--config_file", str(CONFIGS / "multi_node.yaml"), "--num_processes", "2",
                                    "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1"], path,
                                   f"train.output_dir={tmp_path / 'nodes'}", port=29563) for rank in (0, 1)]
