@@ -35,7 +35,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e '.[test,wandb]'
+	# deepspeed: the tests run ZeRO-2/3 on CPU processes (it compiles one op with g++ on first use, cached in ~/.cache)
+	$(BIN)/python -m pip install --quiet -e '.[test,wandb,deepspeed]'
 	touch $@
 
 demo: venv

@@ -30,6 +30,8 @@ from draftheads.interop.load import load_drafter
 from draftheads.interop.vocab_mapping import read_vocab_mapping
 from draftheads.training import batches as B
 from draftheads.training import checkpoint as C
+from draftheads.training.deepspeed_support import (cpu_process_state, deepspeed_launch, keep_target_whole,
+                                                   read_checkpoints_safely, zero_stage)
 from draftheads.training.features import build_feature_cache, cache_key, feature_dim
 from draftheads.training.hybrid_cache import open_hybrid_cache
 from draftheads.training.sharding import (check_fsdp_checkpoints, keep_fsdp_on_cpu, local_bytes, shard_target,
@@ -112,16 +114,21 @@ def make_accelerator(recipe):
     # 'auto' on a machine without a GPU is the CPU too: told nothing, Accelerate would start each launched process
     # as a run of its own (N copies writing one run folder) instead of joining them over gloo
     cpu = device.type == "cpu"
+    deepspeed_on_cpu = cpu and deepspeed_launch()
+    if deepspeed_on_cpu:
+        cpu_process_state()
     dtype = resolve_dtype(cfg.dtype, PartialState(cpu=cpu).device)
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "no")
     accelerator = Accelerator(
-        cpu=cpu,
+        cpu=cpu and not deepspeed_on_cpu,  # cpu=True would turn DeepSpeed off (training/deepspeed_support.py)
         mixed_precision=precision,
         gradient_accumulation_steps=cfg.grad_accum,
         log_with=list(recipe.log.trackers) or None,
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
     )
     keep_fsdp_on_cpu(accelerator, precision)  # CPU processes only (target.device cpu, or auto without a GPU)
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        keep_target_whole()
     check_fsdp_checkpoints(accelerator)
     return accelerator
 
@@ -152,6 +159,8 @@ def setup(recipe, accelerator, target=None, drafter=None) -> Run:
                                                                                  cfg.schedule))
     configure_backend(accelerator, cfg)
     module, optimizer = accelerator.prepare(DraftLoss(drafter), optimizer)
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        read_checkpoints_safely(module)
     # the scheduler is saved as JSON by training/checkpoint.py: registered with accelerate it would be pickled
     set_seed(cfg.seed + accelerator.process_index)  # per-process noise (EAGLE input noise, dropout)
     run = Run(recipe, accelerator, model, drafter, module, optimizer, scheduler, rowset, lengths, train_idx, eval_idx,
@@ -317,9 +326,9 @@ def configure_backend(accelerator, cfg) -> None:
 
 def exportable_drafter(run: Run):
     """The drafter with whole weights for save_drafter (main process; None elsewhere). Every process must call it:
-    under FSDP the weights are sharded, so a full state dict is gathered into a fresh, unsharded copy."""
+    under FSDP and ZeRO-3 the weights are sharded, so a full state dict is gathered into a fresh, unsharded copy."""
     acc = run.accelerator
-    if acc.distributed_type != DistributedType.FSDP:
+    if acc.distributed_type != DistributedType.FSDP and zero_stage(acc) < 3:
         return run.drafter if acc.is_main_process else None
     state = acc.get_state_dict(run.module)  # full tensors, on the main process only
     if not acc.is_main_process:

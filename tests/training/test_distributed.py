@@ -2,6 +2,7 @@
 FSDP2 (the drafter sharded, and the frozen target's layers with train.shard_target) and a two-machine
 launch give the drafter one process gives with the same global batch; bad FSDP settings are refused."""
 
+import importlib.util
 import json
 import os
 import re
@@ -80,6 +81,28 @@ def test_fsdp_two_processes_train_the_drafter_of_one(tmp_path, data_dir, tiny_ta
     assert drafter.config.type == head
 
 
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="pip install 'draftheads[deepspeed]'")
+@pytest.mark.parametrize("stage,head,mode", [(2, "eagle3", "online"), (3, "mtp", "offline")])
+def test_deepspeed_two_processes_train_the_drafter_of_one(tmp_path, data_dir, tiny_target_dir, stage, head, mode):
+    """DeepSpeed's own engine on CPU processes (gloo); ZeRO-3 partitions the drafter and gathers it to save."""
+    path = write_recipe(tmp_path, data_dir, tiny_target_dir, head, mode)
+    config = yaml.safe_load((CONFIGS / f"deepspeed_zero{stage}.yaml").read_text())
+    # DeepSpeed's own config, as a user with settings beyond Accelerate's keys gives it: ZeRO-3 then partitions even
+    # the tiny drafter's tensors (by default those under 100k values stay whole on every process)
+    zero = {"stage": stage, "stage3_param_persistence_threshold": 0, "stage3_gather_16bit_weights_on_model_save": True}
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": zero, "train_micro_batch_size_per_gpu": "auto",
+                                                  "gradient_accumulation_steps": "auto", "gradient_clipping": "auto"}))
+    config["deepspeed_config"] = {"deepspeed_config_file": str(tmp_path / "ds.json"), "zero3_init_flag": False}
+    config.pop("mixed_precision")  # Accelerate refuses settings its file would override; the recipe sets precision
+    (tmp_path / "zero.yaml").write_text(yaml.safe_dump(config))
+    finished(accelerate_launch(["--config_file", str(tmp_path / "zero.yaml"), "--num_processes", "2"], path,
+                               f"train.output_dir={tmp_path / 'zero'}", port=29567))
+    assert list((tmp_path / "zero" / "step_000002" / "pytorch_model").glob("zero_pp_rank_1_*"))  # DeepSpeed ran, x2
+    # ZeRO-3 steps Adam on partitions it reduce-scattered: fp32 sums in another order, which Adam's division by
+    # sqrt(v) magnifies where gradients are near zero (9.6e-6 seen)
+    same_training(tmp_path / "zero", one_process(path, tmp_path / "one"), FP32_ORDER if stage == 2 else 5e-5)
+
+
 def test_two_machines_on_loopback_train_the_drafter_of_one(tmp_path, data_dir, tiny_target_dir):
     """multi_node.yaml as two one-process 'machines' on 127.0.0.1 (static rendezvous): DDP across them."""
     path = write_recipe(tmp_path, data_dir, tiny_target_dir, "eagle3", "online")
@@ -113,3 +136,29 @@ def test_fsdp_sharded_checkpoints_are_refused_in_one_line(tmp_path, data_dir, ti
     out, err = run.communicate(timeout=600)
     assert run.returncode != 0 and "set fsdp_state_dict_type: FULL_STATE_DICT" in out + err
     assert not (tmp_path / "x" / "step_000002").exists()
+
+
+class Payload:
+    """Not a DeepSpeed data class: unpickling it would run whatever its __reduce__ says."""
+
+    def __reduce__(self):
+        return (print, ("unpickled",))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="pip install 'draftheads[deepspeed]'")
+def test_deepspeed_checkpoints_are_read_as_plain_tensors(tmp_path):
+    import pickle
+    import types
+
+    import torch
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+
+    from draftheads.training.deepspeed_support import read_checkpoints_safely
+
+    engine = types.SimpleNamespace(checkpoint_engine=None)
+    read_checkpoints_safely(engine)
+    torch.save({"module": {"w": torch.ones(2)}, "loss_scaler": LossScaler(2.0)}, tmp_path / "states.pt")
+    assert torch.equal(engine.checkpoint_engine.load(str(tmp_path / "states.pt"))["module"]["w"], torch.ones(2))
+    torch.save({"module": Payload()}, tmp_path / "payload.pt")
+    with pytest.raises(pickle.UnpicklingError):
+        engine.checkpoint_engine.load(str(tmp_path / "payload.pt"))

@@ -1,6 +1,7 @@
 """Training killed for real (SIGKILL, no cleanup) mid-step and mid-checkpoint, then resumed: the drafter equals
-an uninterrupted run's bit for bit, in one process, in a 2-process DDP run and in a 2-process FSDP2 run (gloo on CPU)."""
+an uninterrupted run's bit for bit, in one process and in 2-process DDP, FSDP2 and DeepSpeed ZeRO-2 runs (gloo on CPU)."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -11,6 +12,8 @@ import yaml
 
 from tests.training.train_helpers import drafter_weights, tiny_recipe
 
+needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                                     reason="pip install 'draftheads[deepspeed]'")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SETTINGS = dict(max_steps=6, save_every=2, eval_every=3, log_every=2, keep_last=3)
 # Runs the CLI after arranging for this process to SIGKILL itself at one point: "step N" during the
@@ -62,10 +65,11 @@ def launch(recipe, processes=1, kill=None):
     else:
         script = ["-m", "draftheads.train"]
     port = str(29500 + os.getpid() % 1000)
-    if processes == "fsdp":  # two processes through Accelerate's FSDP2 path (training/sharding.py keeps it on CPU)
-        config = os.path.join(ROOT, "draftheads", "recipes", "accelerate", "fsdp_cpu.yaml")
+    if processes in ("fsdp", "deepspeed"):  # two processes through Accelerate's FSDP2 / DeepSpeed ZeRO-2 paths
+        name = {"fsdp": "fsdp_cpu.yaml", "deepspeed": "deepspeed_zero2.yaml"}[processes]
+        config = os.path.join(ROOT, "draftheads", "recipes", "accelerate", name)
         launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config,
-                    "--main_process_port", port]
+                    "--num_processes", "2", "--main_process_port", port]
     elif processes > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
                     "--master_port", port]
@@ -81,7 +85,8 @@ def same_bits(a, b) -> bool:
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-@pytest.mark.parametrize("processes", [1, 2, "fsdp"], ids=["one-process", "ddp-2", "fsdp-2"])
+@pytest.mark.parametrize("processes", [1, 2, "fsdp", pytest.param("deepspeed", marks=needs_deepspeed)],
+                         ids=["one-process", "ddp-2", "fsdp-2", "zero2-2"])
 def test_killed_twice_then_resumed_equals_an_uninterrupted_run(tmp_path, recipe_file, processes):
     straight = launch(recipe_file(tmp_path / "straight"), processes)
     assert straight.returncode == 0, straight.stderr[-2000:]
@@ -90,6 +95,7 @@ def test_killed_twice_then_resumed_equals_an_uninterrupted_run(tmp_path, recipe_
     first = launch(recipe, processes, kill=("step", 3))  # mid-step 3: step 2's checkpoint is the newest
     assert first.returncode != 0 and (run / "step_000002" / "COMPLETE").is_file() and not (run / "step_000004").exists()
     assert (run / "step_000002" / "pytorch_model_fsdp.bin").is_file() == (processes == "fsdp")  # FSDP's own saving
+    assert (run / "step_000002" / "pytorch_model" / "mp_rank_00_model_states.pt").is_file() == (processes == "deepspeed")
     second = launch(recipe, processes, kill=("save", 4))  # resumed from 2, killed while writing checkpoint 4
     assert second.returncode != 0 and "resuming from" in second.stdout and not (run / "step_000004").exists()
     assert (run / "step_000004.tmp").is_dir()  # the half-written checkpoint, skipped and replaced by the next save

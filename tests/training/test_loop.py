@@ -220,7 +220,7 @@ def test_bundled_accelerate_configs_load():
     from accelerate.commands.config.config_args import load_config_from_file
 
     expected = {"single_gpu": "NO", "multi_gpu_ddp": "MULTI_GPU", "fsdp": "FSDP", "fsdp_cpu": "FSDP",
-                "multi_node": "MULTI_GPU", "deepspeed_zero2": "DEEPSPEED"}
+                "multi_node": "MULTI_GPU", "deepspeed_zero2": "DEEPSPEED", "deepspeed_zero3": "DEEPSPEED"}
     for name, kind in expected.items():
         path = REPO / "draftheads" / "recipes" / "accelerate" / f"{name}.yaml"
         assert path.read_text().startswith("#") and "accelerate launch --config_file" in path.read_text()
