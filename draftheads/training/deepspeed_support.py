@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 
 import torch
+from accelerate import PartialState
+from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
 
 def deepspeed_launch() -> bool:
@@ -30,15 +32,11 @@ def deepspeed_launch() -> bool:
 
 def cpu_process_state() -> None:
     """Accelerate's process state for a DeepSpeed launch on CPU processes: gloo, as DeepSpeed's CPU accelerator uses."""
-    from accelerate import PartialState
-
     PartialState(cpu=False, backend="gloo")
 
 
 def keep_target_whole() -> None:
     """Let transformers load the frozen target unpartitioned under ZeRO-3 (see the module docstring)."""
-    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
-
     unset_hf_deepspeed_config()
 
 

@@ -70,8 +70,8 @@ def open_hybrid_cache(accelerator, folder: Path, feature_dtype: str, dim: int, t
     cap = full if max_gb is None else min(full, max_gb * 2**30)
     if accelerator.is_main_process:
         limit = "" if max_gb is None else f", capped at {max_gb:g} GiB: {min(1.0, cap / max(full, 1)):.0%} of the rows"
-        print(f"draftheads: hybrid feature cache in {folder}: {full / 2**20:,.1f} MiB for all {tokens:,} tokens{limit}; "
-              f"{held / 2**20:,.1f} MiB cached already", file=sys.stderr)
+        print(f"draftheads: hybrid feature cache in {folder}: {full / 2**20:,.1f} MiB for all {tokens:,} tokens"
+              f"{limit}; {held / 2**20:,.1f} MiB cached already", file=sys.stderr)
     return HybridFeatures(folder, feature_dtype, dim, max(0.0, cap - held) / accelerator.num_processes)
 
 

@@ -20,6 +20,8 @@ import os
 
 import torch
 from accelerate.state import PartialState
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
 from draftheads.core.errors import DraftheadsError
@@ -54,7 +56,7 @@ def check_fsdp_checkpoints(accelerator) -> None:
     if getattr(kind, "name", str(kind)) != "FULL_STATE_DICT":
         raise DraftheadsError(f"fsdp_state_dict_type {getattr(kind, 'name', kind)} writes checkpoints whose metadata "
                               "is unpickled on resume (unpickling can run code); set fsdp_state_dict_type: "
-                              "FULL_STATE_DICT in the accelerate config, as draftheads/recipes/accelerate/fsdp.yaml does")
+                              "FULL_STATE_DICT in the accelerate config, as recipes/accelerate/fsdp.yaml does")
 
 
 def decoder_layers(target) -> torch.nn.ModuleList:
@@ -69,9 +71,6 @@ def decoder_layers(target) -> torch.nn.ModuleList:
 
 def shard_target(target, accelerator) -> None:
     """fully_shard each decoder layer of the frozen target over all processes (forward-only)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
     if accelerator.distributed_type != DistributedType.FSDP:
         raise DraftheadsError("train.shard_target needs an FSDP launch (accelerate launch --config_file "
                               "draftheads/recipes/accelerate/fsdp.yaml ...); set train.shard_target=false otherwise")
@@ -82,8 +81,6 @@ def shard_target(target, accelerator) -> None:
 
 def is_sharded(target) -> bool:
     """Whether the target's layers are FSDP-sharded (its forwards are then collectives)."""
-    from torch.distributed.fsdp import FSDPModule
-
     return any(isinstance(m, FSDPModule) for m in target.modules())
 
 
