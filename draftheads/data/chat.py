@@ -158,11 +158,14 @@ def _truncate_user(tokenizer, chat: Chat, limit: int) -> list[int] | None:
     return None
 
 
-def add_reply(tokenizer, chat: Chat, reply_ids: list[int], stop_ids, max_length: int) -> None:
+def add_reply(tokenizer, chat: Chat, reply_ids: list[int], stop_ids, max_length: int,
+              message: dict | None = None) -> None:
     """Append the target's reply (mask 1) and, if a user turn follows, the template up to its answer (mask 0).
 
     `reply_ids` are exactly the generated tokens, ending in a stop token when the target
     finished its turn; a reply cut by max_new_tokens/max_length ends the conversation.
+    `message` is the assistant message the history records (default: the reply decoded as its
+    content); a server's reply with its thinking passes {content, reasoning_content}.
     """
     stops = set(stop_ids)
     chat.input_ids += list(reply_ids)
@@ -171,7 +174,8 @@ def add_reply(tokenizer, chat: Chat, reply_ids: list[int], stop_ids, max_length:
     finished = bool(reply_ids) and reply_ids[-1] in stops
     chat.cut += not finished
     content = reply_ids[:-1] if finished else reply_ids
-    chat.messages.append({"role": "assistant", "content": tokenizer.decode(content, skip_special_tokens=True)})
+    message = message or {"role": "assistant", "content": tokenizer.decode(content, skip_special_tokens=True)}
+    chat.messages.append(message)
     if chat.answered == len(chat.users):
         chat.done = True
         return
@@ -197,6 +201,38 @@ def add_reply(tokenizer, chat: Chat, reply_ids: list[int], stop_ids, max_length:
         chat.messages.append({"role": "user", "content": chat.users[chat.answered]})
         chat.input_ids += delta
         chat.loss_mask += [0] * len(delta)
+
+
+def thinking_turn(tokenizer, messages: list[dict], content: str, reasoning: str,
+                  cut_in_thinking: bool = False) -> str | None:
+    """The text the template renders for an assistant turn with its thinking (a server's `reasoning_content` beside
+    `content`) after the generation prompt of `messages`: Qwen3's '<think>\\n{reasoning}\\n</think>\\n\\n{content}'.
+
+    It ends where the content ends (the end-of-turn is the caller's), or with `cut_in_thinking` (the reply ran out of
+    tokens before its answer) where the thinking ends. None where the template has no place for the reasoning (it
+    drops it, as SmolLM2's and DeepSeek-R1's do) or renders the turn apart from its own generation prompt.
+    """
+    prompt = render_text(tokenizer, messages, add_generation_prompt=True)
+    if cut_in_thinking:
+        turn = {"role": "assistant", "content": "", "reasoning_content": reasoning + SENTINEL}
+    else:
+        turn = {"role": "assistant", "content": content + SENTINEL, "reasoning_content": reasoning}
+    text = render_text(tokenizer, messages + [turn], add_generation_prompt=False)
+    if not text.startswith(prompt) or SENTINEL not in text:
+        return None
+    body = text[len(prompt): text.index(SENTINEL)]
+    return body if reasoning.strip() in body else None
+
+
+def inline_thinking(tokenizer, messages: list[dict], content: str, reasoning: str,
+                    cut_in_thinking: bool = False) -> tuple[str, str]:
+    """(generated text, message content) of a reply whose thinking is written before its answer in <think> tags, for
+    templates with no place for reasoning; a <think> the generation prompt opens itself is not repeated in the
+    generated text."""
+    text = "<think>\n" + reasoning.strip("\n") + ("" if cut_in_thinking else "\n</think>\n\n" + content.lstrip("\n"))
+    prompt = render_text(tokenizer, messages, add_generation_prompt=True)
+    opened = next((o for o in ("<think>\n", "<think>") if prompt.endswith(o)), "")
+    return text[len(opened):], text
 
 
 def next_turn_ids(tokenizer, messages: list[dict], user: str, end_id: int | None) -> list[int] | None:

@@ -69,6 +69,11 @@ class DataConfig:
     openai_model: str | None = doc(None, "model name on that server (default target.name)")
     concurrency: int = doc(8, "openai backend: requests in flight")
     max_retries: int = doc(3, "openai backend: retries per request")
+    reasoning: Literal["keep", "inline", "drop"] = doc(
+        "keep", "openai backend: the thinking a server's reasoning parser returns apart (reasoning_content): 'keep' "
+                "puts it where the target's chat template renders thinking (Qwen3: <think> before the answer; a "
+                "template with no place for it is an error), 'inline' writes it in <think> tags before the answer, "
+                "'drop' trains on the answer alone")
 
     def __post_init__(self):
         check(len(self.prompts) > 0, "data.prompts is empty; add at least one source, e.g. [{source: self}]")
@@ -79,6 +84,12 @@ class DataConfig:
         check(self.max_retries >= 0, "data.max_retries must be >= 0")
         check(self.backend != "openai" or bool(self.openai_url),
               "data.backend is 'openai' but data.openai_url is not set")
+        check(self.reasoning in ("keep", "inline", "drop"),
+              f"data.reasoning must be keep, inline or drop, got {self.reasoning!r}")
+        check(self.backend == "openai" or self.reasoning == "keep",
+              f"data.reasoning={self.reasoning} applies to data.backend: openai; the local backend trains on the "
+              "tokens the target generates, thinking included: remove data.reasoning, or set "
+              "data.chat_template_kwargs={enable_thinking: false} for answers without thinking")
 
 
 @dataclasses.dataclass

@@ -44,11 +44,13 @@ TRUNCATED = "prompts truncated to fit max_length (kept)"
 # Prompt-source settings added after folders were written, with their defaults: hashed only when set otherwise, so a
 # folder written before they existed keeps its identity.
 ADDED_LATER = {"kinds": None, "passage_tokens": 512}
+DATA_ADDED_LATER = {"reasoning": "keep"}  # the same for data settings
 
 
 def settings_hash(target: dict, data: dict) -> str:
     """Hash of every setting that changes the rows (target identity and the data section)."""
-    data = {k: v for k, v in data.items() if k not in NOT_HASHED}
+    data = {k: v for k, v in data.items()
+            if k not in NOT_HASHED and not (k in DATA_ADDED_LATER and v == DATA_ADDED_LATER[k])}
     if isinstance(data.get("prompts"), list):
         data["prompts"] = [{k: v for k, v in src.items() if k not in ADDED_LATER or v != ADDED_LATER[k]}
                            if isinstance(src, dict) else src for src in data["prompts"]]

@@ -5,8 +5,10 @@
 
 Prompts go in as token ids (rendered here with the target's chat template, as our own loop renders them), so the
 engine and our loop read the same tokens. Each request runs alone (one slot, no prompt cache), greedy, and stops at
-the target's end-of-generation tokens or after `max_new_tokens`. The server's log is kept in a file; a server that
-exits or never answers is a one-line error quoting its log's last lines.
+the target's end-of-generation tokens or after `max_new_tokens`. With `slots=N` the server answers N requests side
+by side, each slot with `context` tokens: what `draftheads data` asks of it (`data.backend: openai`, at
+`server.url + "/v1"`). The server's log is kept in a file; a server that exits or never answers is a one-line error
+quoting its log's last lines.
 """
 
 from __future__ import annotations
@@ -57,10 +59,12 @@ class LlamaServer:
     """`llama-server` for `target` (a GGUF file) with extra arguments (a drafter, a speculative mode)."""
 
     def __init__(self, server: Path, target: Path, args: list[str], log: Path, threads: int | None = None,
-                 context: int = 4096):
+                 context: int = 4096, slots: int = 1):
+        if slots < 1:
+            raise DraftheadsError(f"llama-server needs at least one slot, got {slots}")
         self.command = [str(server), "-m", str(target), "--host", "127.0.0.1", "--port", str(free_port()),
-                        "-t", str(threads or os.cpu_count() or 1), "-c", str(context), "-np", "1", "--no-webui",
-                        "--no-warmup", *args]
+                        "-t", str(threads or os.cpu_count() or 1), "-c", str(context * slots), "-np", str(slots),
+                        "--no-webui", "--no-warmup", *args]
         self.url = f"http://127.0.0.1:{self.command[self.command.index('--port') + 1]}"
         self.context = context
         self.log = Path(log)

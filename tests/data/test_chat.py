@@ -6,11 +6,13 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.data.chat import (
     build_row,
     end_of_turn_id,
+    inline_thinking,
     next_turn_ids,
     render_ids,
     show_mask,
     start_chat,
     stop_token_ids,
+    thinking_turn,
     user_turn_prefix,
 )
 from tests.fixtures import make_tokenizer
@@ -210,6 +212,46 @@ def test_a_template_that_rewrites_earlier_turns_gives_one_exact_row_per_turn():
         replies[0][:-1])}, {"role": "user", "content": USERS[1]}], True)
     assert "add them" not in tok.decode(context) and second == context + replies[1]
     assert second_mask == [0] * len(context) + [1] * len(replies[1])
+
+
+# Qwen3's template, cut down to its thinking: the assistant turn after the last user message renders its
+# reasoning_content as '<think>\n...\n</think>\n\n' before its answer; earlier turns drop it.
+QWEN3_THINKING = (
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'assistant' and loop.last and m['reasoning_content'] is string -%}"
+    "{{ '<|im_start|>assistant\n<think>\n' + m['reasoning_content'].strip('\n') + '\n</think>\n\n' "
+    "+ m['content'].lstrip('\n') + '<|im_end|>\n' }}"
+    "{%- else -%}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}"
+)
+# DeepSeek-R1's way: the generation prompt opens the thinking itself, and answers keep no thinking.
+R1_STYLE = (
+    "{%- for m in messages -%}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n<think>\n' }}{%- endif -%}"
+)
+
+
+def test_a_reply_with_thinking_is_the_text_its_template_renders():
+    tok = make_tokenizer("chatml")
+    tok.chat_template = QWEN3_THINKING
+    asked = [{"role": "user", "content": USERS[0]}]
+    text = thinking_turn(tok, asked, "\n\nReturn a + b.", "\nAdd them.\n")  # as vLLM splits '<think>\n...'
+    assert text == "<think>\nAdd them.\n</think>\n\nReturn a + b."
+    closed = tok.apply_chat_template(asked + [{"role": "assistant", "content": "Return a + b.",
+                                               "reasoning_content": "Add them."}], tokenize=False)
+    assert closed == tok.apply_chat_template(asked, tokenize=False, add_generation_prompt=True) + text + "<|im_end|>\n"
+    # out of tokens while thinking: the text stops where the thinking stopped, no </think> the target never wrote
+    assert thinking_turn(tok, asked, "", "Add them", cut_in_thinking=True) == "<think>\nAdd them"
+    assert thinking_turn(make_tokenizer("chatml"), asked, "Return a + b.", "Add them.") is None  # no place for it
+
+
+def test_inline_thinking_does_not_repeat_a_think_the_prompt_opened():
+    tok = make_tokenizer("chatml")
+    asked = [{"role": "user", "content": USERS[0]}]
+    assert inline_thinking(tok, asked, "Sum.", "\nAdd.\n") == ("<think>\nAdd.\n</think>\n\nSum.",) * 2
+    tok.chat_template = R1_STYLE
+    assert inline_thinking(tok, asked, "Sum.", "Add.") == ("Add.\n</think>\n\nSum.", "<think>\nAdd.\n</think>\n\nSum.")
 
 
 def test_chat_template_kwargs_become_template_variables():

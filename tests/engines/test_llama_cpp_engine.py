@@ -25,13 +25,6 @@ PROMPTS = ["Write a Python function that returns the sum of a list of numbers.",
 
 
 @pytest.fixture(scope="module")
-def engine():
-    from draftheads.interop.llama_cpp_build import install_llama_cpp
-
-    return install_llama_cpp()
-
-
-@pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """(target, tokenizer, the prompts file, an EAGLE-3 run trained on the target's answers to those prompts)."""
     from draftheads import load_target
