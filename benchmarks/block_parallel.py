@@ -22,25 +22,14 @@ from pathlib import Path
 
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
-from draftheads.recipe import load_recipe, recipe_from_dict
-from draftheads.training.loop import run_training
+from draftheads.recipe import load_recipe
+
+from cpu_training import train_for_minutes  # beside this script: `python benchmarks/...` puts benchmarks/ on sys.path
 
 
 def recipe_section(recipe: str, section: str) -> dict:
     """One section of a bundled recipe, so the drafters trained here are the ones the recipes train."""
     return load_recipe(recipe).to_dict()[section]
-
-
-def train(name: str, head: dict, data: dict, minutes: float, runs: Path) -> str:
-    recipe = recipe_from_dict({
-        "name": name, "target": {"name": "smollm2-135m", "dtype": "auto"}, "head": head, "data": data,
-        "train": {"output_dir": str(runs / name), "mode": "offline", "max_steps": 1000,
-                  "time_budget_minutes": minutes, "batch_size": 16, "max_length": 512, "lr": 1e-3,
-                  "warmup_steps": 20, "schedule": "constant", "max_grad_norm": 0.5, "eval_every": 100,
-                  "save_every": 100, "keep_last": 1},
-        "log": {"trackers": []},
-    })
-    return str(run_training(recipe))
 
 
 def main() -> None:
@@ -58,9 +47,9 @@ def main() -> None:
     data = {**recipe_section(args.recipe, "data"), "output": args.data}
     runs = Path(args.runs)
     dflash = recipe_section("dflash-smollm2", "head")
-    folders = [train(name, recipe_section(f"{name}-smollm2", "head"), data, args.minutes, runs)
+    folders = [str(train_for_minutes(name, recipe_section(f"{name}-smollm2", "head"), data, args.minutes, runs))
                for name in ("eagle3", "peagle")]
-    folders += [train(f"dflash-b{b}", {**dflash, "block_size": int(b)}, data, args.minutes, runs)
+    folders += [str(train_for_minutes(f"dflash-b{b}", {**dflash, "block_size": int(b)}, data, args.minutes, runs))
                 for b in args.blocks.split(",") if b]
     config = EvalConfig(prompts=args.prompts, limit=args.limit, tree=args.tree, combined="graft")
     report = run_eval(folders, config, out=args.out)

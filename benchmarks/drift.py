@@ -43,13 +43,15 @@ from draftheads.evaluation.acceptance_monitor import RetrainRule, serve_monitore
 from draftheads.evaluation.drift import run_drift
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
+from draftheads.evaluation.plots import _pyplot, save
 from draftheads.interop.export import export_drafter
 from draftheads.interop.gguf_targets import convert_to_gguf, requantize_gguf
 from draftheads.interop.llama_cpp_build import install_llama_cpp
 from draftheads.interop.load import load_drafter
-from draftheads.recipe import load_recipe, recipe_from_dict
-from draftheads.training.loop import run_training
+from draftheads.recipe import load_recipe
 from draftheads.training.target_update import UpdateConfig, update_target
+
+from cpu_training import train_for_minutes  # beside this script: `python benchmarks/...` puts benchmarks/ on sys.path
 
 UPDATES = {"full-12-2e-5": UpdateConfig(method="full", steps=12, lr=2e-5),
            "full-12-1e-4": UpdateConfig(method="full", steps=12, lr=1e-4),
@@ -149,9 +151,7 @@ def monitor(args) -> None:
 
 
 def plot_recovery(curves: dict, old_tau: float, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, points in curves.items():
         ax.plot([p["minutes"] for p in points], [p["tau"] for p in points], marker="o", label=name)
@@ -160,16 +160,12 @@ def plot_recovery(curves: dict, old_tau: float, path: Path) -> None:
     ax.set_xlabel("training minutes (2 CPU cores)")
     ax.set_ylabel("tau on the updated target")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(plt, fig, path)
 
 
 def plot_shift(points: list[tuple[str, float, float, float, float]], path: Path) -> None:
     """tau measured and predicted on each updated target against its top-1 agreement with the old one."""
-    import matplotlib
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, agreement, old, new, predicted in points:
         ax.scatter([agreement], [new], color="C0")
@@ -181,9 +177,7 @@ def plot_shift(points: list[tuple[str, float, float, float, float]], path: Path)
     ax.set_xlabel("top-1 agreement of the updated target with the old one (drafter's training rows)")
     ax.set_ylabel("EAGLE-3 tau on the updated target")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(plt, fig, path)
 
 
 def regenerate(target: str, prompts: str, out: Path, count: int | None) -> str:
@@ -199,17 +193,11 @@ def regenerate(target: str, prompts: str, out: Path, count: int | None) -> str:
 
 
 def train(name: str, data: str, init: str | None, minutes: float, runs: Path, target: str) -> Path:
+    """EAGLE-3 as eagle3-smollm2 sets it (warm-started from `init`), on `data`, checkpointed often for the curve."""
     head = dict(load_recipe("eagle3-smollm2").to_dict()["head"], init_from=init)
-    recipe = recipe_from_dict({
-        "name": name, "target": {"name": target, "dtype": "auto"}, "head": head,
-        "data": {**load_recipe("demo-smollm2").to_dict()["data"], "output": data},
-        "train": {"output_dir": str(runs / name), "mode": "offline", "max_steps": 1000,
-                  "time_budget_minutes": minutes, "batch_size": 16, "max_length": 512, "lr": 1e-3,
-                  "warmup_steps": 20, "schedule": "constant", "max_grad_norm": 0.5, "eval_every": 30,
-                  "save_every": 30, "keep_last": 100},
-        "log": {"trackers": []},
-    })
-    return Path(run_training(recipe))
+    data_section = {**load_recipe("demo-smollm2").to_dict()["data"], "output": data}
+    return train_for_minutes(name, head, data_section, minutes, runs, target=target, checkpoint_every=30,
+                             keep_last=100)
 
 
 def curve(run: Path, model, tokenizer, conversations, max_new_tokens: int) -> list[dict]:

@@ -18,6 +18,7 @@ from draftheads.evaluation.calibration import profile_entry
 from draftheads.evaluation.conversations import CALIBRATION_PROMPTS, eval_settings, load_conversations
 from draftheads.evaluation.entries import build_entries
 from draftheads.evaluation.eval_config import EvalConfig
+from draftheads.evaluation.plots import _pyplot, save
 from draftheads.evaluation.profile import TargetProfile, target_profile
 from draftheads.evaluation.saved_runs import load_eval_target
 
@@ -70,11 +71,7 @@ def format_profile(profile: TargetProfile, name: str, dtype: str, costs: dict) -
 
 
 def plot_profile(path: Path, profile: TargetProfile, name: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for context, row in zip(profile.contexts, profile.forward_s):
         if not context:
@@ -88,6 +85,4 @@ def plot_profile(path: Path, profile: TargetProfile, name: str) -> None:
     ax.set_ylabel("time / one decode step")
     ax.set_title(f"verify cost on this machine: {name}")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(plt, fig, path)

@@ -1,0 +1,27 @@
+"""How the benchmarks train a drafter on 2 CPU cores: one offline recipe shape for a wall-clock budget, so drafters
+trained by different benchmarks are trained alike (imported by the scripts beside it).
+
+    run = train_for_minutes("eagle3", head, data, minutes=12, runs=Path("runs/bench"))
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from draftheads.recipe import recipe_from_dict
+from draftheads.training.loop import run_training
+
+
+def train_for_minutes(name: str, head: dict, data: dict, minutes: float, runs: Path, *, target: str = "smollm2-135m",
+                      checkpoint_every: int = 100, keep_last: int = 1) -> Path:
+    """Train `head` offline on `data` (a recipe's data section) for `minutes`, constant lr after warm-up; a rerun
+    resumes the run folder runs/<name>. Evaluated and checkpointed every `checkpoint_every` steps."""
+    recipe = recipe_from_dict({
+        "name": name, "target": {"name": target, "dtype": "auto"}, "head": head, "data": data,
+        "train": {"output_dir": str(runs / name), "mode": "offline", "max_steps": 1000,
+                  "time_budget_minutes": minutes, "batch_size": 16, "max_length": 512, "lr": 1e-3,
+                  "warmup_steps": 20, "schedule": "constant", "max_grad_norm": 0.5, "eval_every": checkpoint_every,
+                  "save_every": checkpoint_every, "keep_last": keep_last},
+        "log": {"trackers": []},
+    })
+    return Path(run_training(recipe))
