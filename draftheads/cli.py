@@ -17,6 +17,7 @@ import yaml
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.version import __version__
+from draftheads.evaluation.presets import PRESETS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tree", default=None, help="chain:K | static:PATHS | dynamic:TOPK,DEPTH,TOTAL | auto[:NODES] "
                                                 "(fastest on this machine) | auto:tau[:NODES] "
                                                 "(most tokens per forward)")
+    p.add_argument("--preset", default=None, choices=list(PRESETS),
+                   help="the field's reporting settings: specbundle-4 (SpecForge: 3 steps, top-k 1, 4 tokens: "
+                        "chain:3), specbundle-8 (7 steps, 8 tokens: chain:7), eagle (EAGLE's total_token 60, depth 5, "
+                        "top-k 10: dynamic:10,6,59); greedy, temperature 0, batch 1")
     p.add_argument("--combined", nargs="?", const="graft", default=None, choices=["graft", "switch", "gate", "all"],
                    help="also measure each learned drafter combined with prompt lookup: graft (the default: the lookup "
                         "chain grafted onto the learned tree), switch (the lookup chain alone while the text is being "
@@ -204,9 +209,11 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
 
 
 def _prompt_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", default=None, help="humaneval, tasks (8 task kinds x 10, multi-turn and passages), "
-                                                   "long (22 passage prompts of 4 kinds, 120-1,830 tokens), a local "
-                                                   "file, or a hub dataset (default: humaneval)")
+    p.add_argument("--prompts", default=None, help="humaneval, mt-bench (80 two-turn questions, 8 categories), gsm8k "
+                                                   "or math-500 (read from the hub), tasks (8 task kinds x 10, "
+                                                   "multi-turn and passages), long (22 passage prompts of 4 kinds, "
+                                                   "120-1,830 tokens), a local file, or a hub dataset (default: "
+                                                   "humaneval)")
     p.add_argument("--limit", default=None, help="at most this many prompts (default: 20)")
     p.add_argument("--max-new-tokens", default=None, help="tokens generated per prompt (default: 128)")
     p.add_argument("--dtype", default=None, choices=["auto", "bf16", "fp16", "fp32"],
@@ -270,7 +277,10 @@ def cmd_eval(args) -> int:
     from draftheads.evaluation.evaluate import run_eval
     from draftheads.evaluation.saved_runs import saved_eval_settings
 
-    config = _with_flags(saved_eval_settings(args.drafters), EvalConfig, args)
+    base = saved_eval_settings(args.drafters)
+    if args.preset is not None:   # the preset replaces what the recipe's eval section set; flags still conflict
+        base = dataclasses.replace(base, tree=None, accept=["greedy"], temperatures=[0.0], batch_sizes=[1])
+    config = _with_flags(base, EvalConfig, args)
     run_eval(args.drafters, config, target=args.target, out=args.out)
     return 0
 

@@ -114,6 +114,32 @@ def test_eval_takes_unset_flags_from_the_runs_recipe(tmp_path, monkeypatch):
             == (20, ["greedy"], 128, None))
 
 
+def test_a_preset_replaces_the_recipes_draft_settings_and_refuses_a_conflicting_flag(tmp_path, monkeypatch, capsys):
+    import draftheads.evaluation.evaluate as evaluate
+
+    run = tmp_path / "runs" / "tiny"
+    (run / "final" / "drafter").mkdir(parents=True)
+    (run / "final" / "drafter" / "config.json").write_text("{}")
+    (run / "step_000010").mkdir()
+    (run / "step_000010" / "recipe.yaml").write_text(
+        "eval:\n  limit: 3\n  tree: chain:2\n  accept: [strict]\n  temperatures: [0.7]\n  batch_sizes: [1, 8]\n")
+    seen = []
+    monkeypatch.setattr(evaluate, "run_eval", lambda drafters, config, **kw: seen.append(dataclasses.asdict(config)))
+
+    assert main(["eval", str(run), "--preset", "specbundle-8", "--prompts", "mt-bench"]) == 0
+    assert main(["eval", str(run), "--preset", "eagle", "--tree", "dynamic:10,6,59"]) == 0   # the same tree: fine
+    got = seen[0]
+    assert (got["preset"], got["tree"], got["accept"], got["temperatures"], got["batch_sizes"], got["limit"],
+            got["prompts"]) == ("specbundle-8", "chain:7", ["greedy"], [0.0], [1], 3, "mt-bench")
+    assert seen[1]["tree"] == "dynamic:10,6,59"
+    capsys.readouterr()
+    assert main(["eval", str(run), "--preset", "specbundle-4", "--temperature", "0.7"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "fixes eval.temperatures (--temperature) to [0.0], but [0.7] was given" in err and "\n" not in err
+    with pytest.raises(SystemExit):   # argparse names the presets
+        main(["eval", str(run), "--preset", "specbundle-3"])
+
+
 def test_engine_eval_is_its_own_command_with_only_its_flags(tmp_path, monkeypatch, capsys):
     import draftheads.evaluation.engine_eval as engine_eval
 

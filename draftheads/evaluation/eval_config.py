@@ -13,6 +13,7 @@ from draftheads.core.config import check, doc
 from draftheads.core.tree import parse_tree
 from draftheads.decoding.accept import check_rule
 from draftheads.decoding.settings import check_new_tokens, check_sampling, check_typical
+from draftheads.evaluation.presets import PRESET_ACCEPT, PRESET_BATCH_SIZES, PRESET_TEMPERATURES, PRESETS
 
 COMBINED_MODES = {"graft": ["graft"], "switch": ["switch"], "gate": ["gate"], "all": ["graft", "switch", "gate"]}
 DTYPES = ("auto", "bf16", "fp16", "fp32")
@@ -25,7 +26,7 @@ def flag(default, text: str, name: str | None = None):
 
 def check_prompts(prompts: str, limit: int | None, max_new_tokens: int) -> None:
     check(bool(str(prompts).strip()),
-          "eval.prompts (--prompts) is empty; give humaneval, tasks, long, a file or a hub dataset")
+          "eval.prompts (--prompts) is empty; give humaneval, mt-bench, tasks, long, a file or a hub dataset")
     check(limit is None or limit >= 1, f"eval.limit (--limit) must be a whole number >= 1, got {limit}")
     check_new_tokens(max_new_tokens)
 
@@ -34,9 +35,13 @@ def check_prompts(prompts: str, limit: int | None, max_new_tokens: int) -> None:
 class EvalConfig:
     """Acceptance evaluation (`draftheads eval`)."""
 
-    prompts: str = flag("humaneval", "'humaneval', 'tasks' (the bundled set of 8 task kinds), 'long' (22 passage "
-                                     "prompts, 120-1,830 tokens), a local file, or a hub dataset", "--prompts")
+    prompts: str = flag("humaneval", "'humaneval', 'mt-bench' (80 two-turn questions, 8 categories), 'gsm8k' and "
+                                     "'math-500' (from the hub), 'tasks' (the bundled set of 8 task kinds), 'long' (22 "
+                                     "passage prompts, 120-1,830 tokens), a local file, or a hub dataset", "--prompts")
     limit: int | None = flag(20, "evaluate on at most this many prompts", "--limit")
+    preset: str | None = flag(None, "the field's reporting settings: specbundle-4 (chain of 3), specbundle-8 (chain of "
+                                    "7), eagle (EAGLE's dynamic tree: top-k 10, 6 levels, 59 nodes); each greedy, "
+                                    "temperature 0, batch 1 (evaluation/presets.py)", "--preset")
     accept: list[str] = flag(["greedy"], "acceptance rules: greedy, strict, typical", "--accept")
     temperatures: list[float] = flag([0.0], "sampling temperatures", "--temperature")
     top_k: int = flag(0, "sample from the target's k most likely tokens (0: all)")
@@ -82,6 +87,22 @@ class EvalConfig:
               f"eval.plain_above (--plain-above) must be a whole number >= 1 (decode plainly above that many rows), "
               f"got {self.plain_above}")
         parse_tree(self.tree, "eval.tree (--tree)")  # a bad or oversized tree is refused before any work
+        if self.preset is not None:
+            self.apply_preset()
+
+    def apply_preset(self) -> None:
+        """Set what the preset fixes; a setting given otherwise is a one-line error, not silently replaced."""
+        check(self.preset in PRESETS, f"eval.preset (--preset) '{self.preset}' is not a preset; choose one of "
+                                      f"{', '.join(PRESETS)}")
+        preset = PRESETS[self.preset]
+        for name, fixed, given in (("tree (--tree)", preset.tree, self.tree),
+                                   ("accept (--accept)", PRESET_ACCEPT, self.accept),
+                                   ("temperatures (--temperature)", PRESET_TEMPERATURES, self.temperatures),
+                                   ("batch_sizes (--batch-size)", PRESET_BATCH_SIZES, self.batch_sizes)):
+            check(given in (None, fixed), f"eval.preset {self.preset} fixes eval.{name} to {fixed}, but {given} was "
+                                          f"given; drop one of the two")
+        self.tree, self.accept = preset.tree, list(PRESET_ACCEPT)
+        self.temperatures, self.batch_sizes = list(PRESET_TEMPERATURES), list(PRESET_BATCH_SIZES)
 
     @property
     def combined_modes(self) -> list[str]:

@@ -80,7 +80,8 @@ def run_eval(drafters: list[str], config: EvalConfig | None = None, *, target: s
     report = {
         "created": now(), "target": target_info, "environment": environment(),
         "settings": {
-            "drafters": list(drafters), "prompts": config.prompts, "limit": config.limit, "accept": list(config.accept),
+            "drafters": list(drafters), "prompts": config.prompts, "limit": config.limit, "preset": config.preset,
+            "accept": list(config.accept),
             "temperatures": [float(t) for t in config.temperatures], "tree": config.tree,
             "max_new_tokens": config.max_new_tokens, "dtype": target_info["dtype"], "seed": config.seed,
             "seed_rule": SEED_RULE, "top_k": config.top_k, "top_p": config.top_p, "combined": config.combined_modes,

@@ -15,6 +15,7 @@ import torch
 
 from draftheads.core.tree import DynamicTreeSpec, Tree
 from draftheads.data.hardware import cpu_has_native_bf16
+from draftheads.evaluation.presets import PRESETS
 
 TAU_NOTE = ("tau = mean tokens emitted per target verification forward, INCLUDING the bonus token the target "
             "produces itself (plain decoding has tau = 1; accepted drafts per forward = tau - 1)")
@@ -246,7 +247,8 @@ def format_markdown(report: dict) -> str:
         f"{report['created']} · target `{target['name']}` ({target.get('architecture')}, {target['dtype']}) "
         f"· {device}", "",
         f"Prompts: {s['prompts']} ({report['prompt_count']} conversations, {report['prompts_skipped']} skipped) · "
-        f"max_new_tokens {s['max_new_tokens']} · seed {s['seed']} · plain and speculative decoding interleaved "
+        + (f"preset {s['preset']} ({PRESETS[s['preset']].what}) · " if s.get("preset") in PRESETS else "")
+        + f"max_new_tokens {s['max_new_tokens']} · seed {s['seed']} · plain and speculative decoding interleaved "
         "prompt by prompt in one process", "",
         format_table(report["results"]), "",
         f"- {TAU_NOTE}.",

@@ -158,7 +158,7 @@ def test_tasks_set_cycles_through_eight_kinds_and_is_never_trained_on():
     assert min(len(p.turns[0]) for p in prompts if p.kind == "summarization") > 1000     # long passages
     assert min(len(p.turns[0]) for p in prompts if p.kind == "retrieval") > 500         # three documents each
     assert len({tuple(p.turns) for p in prompts}) == 80
-    with pytest.raises(DraftheadsError, match="bundled evaluation set and is never trained on"):
+    with pytest.raises(DraftheadsError, match="is an evaluation set and is never trained on"):
         collect_prompts(DataConfig(prompts=[PromptSource(source="tasks")], num_prompts=4))
 
 
@@ -171,7 +171,7 @@ def test_long_set_cycles_through_the_passage_kinds_at_long_context_lengths_and_i
     assert min(len(p.turns[0]) for p in prompts) > 500                               # an article each
     assert min(len(p.turns[0]) for p in prompts if p.kind == "retrieval") > 5000    # four articles
     assert len({tuple(p.turns) for p in prompts}) == len(prompts)
-    with pytest.raises(DraftheadsError, match="bundled evaluation set and is never trained on"):
+    with pytest.raises(DraftheadsError, match="is an evaluation set and is never trained on"):
         collect_prompts(DataConfig(prompts=[PromptSource(source="long")], num_prompts=4))
 
 

@@ -474,6 +474,29 @@ def test_tasks_prompts_are_broken_down_by_kind_from_the_same_runs(eagle_run, tmp
     assert (out / "tau_per_task_kind.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.parametrize("preset,nodes,depth", [("specbundle-4", 4, 3), ("specbundle-8", 8, 7), ("eagle", 60, 6)])
+def test_presets_are_the_fields_token_counts_with_the_verified_token(preset, nodes, depth):
+    from draftheads.core.tree import parse_tree
+
+    config = EvalConfig(preset=preset)
+    tree = parse_tree(config.tree)
+    assert (tree.num_nodes, tree.depth) == (nodes, depth)   # SGLang's num-draft-tokens and EAGLE's total_token
+    assert (config.accept, config.temperatures, config.batch_sizes) == (["greedy"], [0.0], [1])
+    for clash in ({"tree": "chain:5"}, {"accept": ["strict"]}, {"temperatures": [0.0, 1.0]}, {"batch_sizes": [1, 4]}):
+        with pytest.raises(DraftheadsError, match=f"eval.preset {preset} fixes eval."):
+            EvalConfig(preset=preset, **clash)
+
+
+def test_a_preset_run_names_its_preset_in_the_report(eagle_run, tmp_path):
+    folder, prompts = eagle_run
+    out = run_eval([str(folder)], EvalConfig(prompts=str(prompts), limit=1, preset="specbundle-4", max_new_tokens=4),
+                   target_model=fixture(), out=str(tmp_path / "eval"), progress=False)
+    report = json.loads((out / "report.json").read_text())
+    assert (report["settings"]["preset"], report["settings"]["tree"]) == ("specbundle-4", "chain:3")
+    assert {r["tree"] for r in report["results"] if r["drafter"] != "prompt-lookup"} == {"chain:3"}
+    assert "preset specbundle-4 (SpecForge's SpecBundle" in (out / "report.md").read_text()
+
+
 def test_run_eval_rejects_bad_settings(eagle_run, tmp_path):
     from draftheads.api import build_drafter
     from draftheads.interop.native import save_drafter
