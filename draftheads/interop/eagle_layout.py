@@ -225,6 +225,7 @@ def eagle3_fields(s, aux_ids: list[int]) -> dict:
 def read_eagle3(config: dict, tensors: dict, target) -> tuple[dict, dict]:
     """(head structure, native state) of an EAGLE-3 folder: its aux layer ids in whichever of the
     engines' numberings the config uses, and d2t/t2d (made up for a full-vocabulary head)."""
+    refuse_other_norms(config, tensors)
     state = eagle3_from_engine(tensors)
     num_layers = target_dims(target.config).num_layers
     if "eagle_config" in config and "eagle_aux_hidden_state_layer_ids" in config["eagle_config"]:
@@ -245,6 +246,20 @@ def read_eagle3(config: dict, tensors: dict, target) -> tuple[dict, dict]:
     if has_own_layer(state):
         head["draft_layer"] = "target"
     return head, state
+
+
+# speculators' variants of the EAGLE-3 layer (its trainer turns the first three on by default): each normalises
+# somewhere our layer does not, so reading such a folder as ours would draft from a different model, silently.
+OTHER_NORMS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+
+def refuse_other_norms(config: dict, tensors: dict) -> None:
+    used = [flag for flag in OTHER_NORMS if config.get(flag)]
+    used += [name for name in tensors if re.match(r"(input_norm|fc_norm)\.", name)]
+    if used:
+        raise DraftheadsError(f"this EAGLE-3 folder's layer normalises where ours does not ({', '.join(used)}); "
+                              "draftheads cannot draft with it: train it with speculators' --no-norm-before-residual "
+                              "--no-norm-before-fc --no-norm-output, or serve it in an engine that reads these flags")
 
 
 def peagle_tensors(prefix: str) -> tuple[Tensor, ...]:

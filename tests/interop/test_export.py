@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from draftheads.api import build_drafter, load_drafter
 from draftheads.core.config import build, to_dict
@@ -692,6 +692,24 @@ def test_import_refuses_a_checkpoint_for_another_target(targets, natives, tmp_pa
     out = export_drafter(native, "sglang", tmp_path / "sglang")
     with pytest.raises(DraftheadsError, match="(shape|unexpected|missing)"):
         load_drafter(out, targets["qwen3"])  # qwen3 layer has q_norm/k_norm that the file lacks
+
+
+@pytest.mark.parametrize("change", [{"norm_before_residual": True}, {"norm_before_fc": True}, {"norm_output": True},
+                                    {"fc_norm": True}, "input_norm.weight"])
+def test_an_eagle3_folder_with_speculators_other_norms_is_refused(change, natives, targets, tmp_path):
+    """speculators' trainer turns three norms on by default: read as our layer, such a folder would draft wrongly."""
+    _, native = natives("llama", "eagle3")
+    out = export_drafter(native, "speculators", tmp_path / "speculators")
+    if isinstance(change, dict):
+        config = json.loads((out / "config.json").read_text())
+        (out / "config.json").write_text(json.dumps(config | change))
+        named = next(iter(change))
+    else:
+        tensors = load_file(out / "model.safetensors")
+        save_file({**tensors, change: torch.ones(3 * H)}, out / "model.safetensors")
+        named = change
+    with pytest.raises(DraftheadsError, match=f"normalises where ours does not \\({named}\\).*--no-norm-before"):
+        load_drafter(out, targets["llama"])
 
 
 # ---- the speculators package itself ------------------------------------------------------------
