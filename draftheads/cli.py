@@ -80,9 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "(fastest on this machine) | auto:tau[:NODES] "
                                                 "(most tokens per forward)")
     p.add_argument("--preset", default=None, choices=list(PRESETS),
-                   help="the field's reporting settings: specbundle-4 (SpecForge: 3 steps, top-k 1, 4 tokens: "
-                        "chain:3), specbundle-8 (7 steps, 8 tokens: chain:7), eagle (EAGLE's total_token 60, depth 5, "
-                        "top-k 10: dynamic:10,6,59); greedy, temperature 0, batch 1")
+                   help="the field's reporting settings: "
+                        + ", ".join(f"{name} ({preset.tree})" for name, preset in PRESETS.items())
+                        + "; greedy, temperature 0, batch 1")
     p.add_argument("--combined", nargs="?", const="graft", default=None, choices=["graft", "switch", "gate", "all"],
                    help="also measure each learned drafter combined with prompt lookup: graft (the default: the lookup "
                         "chain grafted onto the learned tree), switch (the lookup chain alone while the text is being "
@@ -275,11 +275,13 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     from draftheads.evaluation.eval_config import EvalConfig
     from draftheads.evaluation.evaluate import run_eval
+    from draftheads.evaluation.presets import PRESET_ACCEPT, PRESET_BATCH_SIZES, PRESET_TEMPERATURES
     from draftheads.evaluation.saved_runs import saved_eval_settings
 
     base = saved_eval_settings(args.drafters)
     if args.preset is not None:   # the preset replaces what the recipe's eval section set; flags still conflict
-        base = dataclasses.replace(base, tree=None, accept=["greedy"], temperatures=[0.0], batch_sizes=[1])
+        base = dataclasses.replace(base, tree=None, accept=list(PRESET_ACCEPT), temperatures=list(PRESET_TEMPERATURES),
+                                   batch_sizes=list(PRESET_BATCH_SIZES))
     config = _with_flags(base, EvalConfig, args)
     run_eval(args.drafters, config, target=args.target, out=args.out)
     return 0
