@@ -3,15 +3,19 @@
     .venv/bin/python benchmarks/block_parallel.py                              # demo data, 10 minutes each
     .venv/bin/python benchmarks/block_parallel.py --data data/smollm2-self --minutes 35 --blocks 8
     .venv/bin/python benchmarks/block_parallel.py --prompts tasks --limit 16 --tree auto
+    .venv/bin/python benchmarks/block_parallel.py --drafters eagle3,dflash --blocks 4 --runs runs/at-35 ...
 
 Trains (or resumes, when a run folder holds a finished run of the same settings) one EAGLE-3 drafter (the
 eagle3-smollm2 head), one P-EAGLE drafter (the peagle-smollm2 head) and one DFlash drafter per block size (the
 dflash-smollm2 head) on the same target-generated data folder, each for the same CPU minutes at a constant learning
 rate after warm-up, then evaluates all of them in one `draftheads eval` run (timings interleaved: each prompt is
 decoded by every configuration before the next prompt), beside prompt lookup and each learned drafter combined with
-it. Prints tau, drafting and verify cost and speedup per drafter. The data folder must exist (`draftheads data
-demo-smollm2 data.output=data/demo-self` makes the default one, ~10 minutes). Run it with nothing else heavy on the
-machine: two cores are easily shared away.
+it. Each drafter is its run's best/ one (the step whose held-out simulated acceptance was highest, as a user would
+serve it; `--use final` takes the last step's): on small data the one-forward drafters overfit before their minutes
+end. The EAGLE-3 run is the one benchmarks/peers.py trains when both are given the same runs folder (--runs here,
+--out there), so it is trained once for both. Prints tau, drafting and verify cost and speedup per drafter. The data
+folder must exist (`draftheads data demo-smollm2 data.output=data/demo-self` makes the default one, ~10 minutes).
+Run it with nothing else heavy on the machine: two cores are easily shared away.
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ import argparse
 import json
 from pathlib import Path
 
+from draftheads.core.run_folder import DRAFTER
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
 from draftheads.recipe import load_recipe
 
-from cpu_training import train_for_minutes  # beside this script: `python benchmarks/...` puts benchmarks/ on sys.path
+# beside this script: `python benchmarks/...` puts benchmarks/ on sys.path
+from cpu_training import EAGLE3_RUN, train_for_minutes
 
 
 def recipe_section(recipe: str, section: str) -> dict:
@@ -43,14 +49,20 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=10)
     parser.add_argument("--tree", default=None, help="one tree for every drafter (default: each drafter's own)")
     parser.add_argument("--out", default=None, help="report folder")
+    parser.add_argument("--drafters", default="eagle3,peagle,dflash", help="which to train and evaluate")
+    parser.add_argument("--use", choices=("best", "final"), default="best",
+                        help="each run's best/ drafter (highest held-out simulated acceptance) or its last step's")
     args = parser.parse_args()
     data = {**recipe_section(args.recipe, "data"), "output": args.data}
     runs = Path(args.runs)
-    dflash = recipe_section("dflash-smollm2", "head")
-    folders = [str(train_for_minutes(name, recipe_section(f"{name}-smollm2", "head"), data, args.minutes, runs))
-               for name in ("eagle3", "peagle")]
-    folders += [str(train_for_minutes(f"dflash-b{b}", {**dflash, "block_size": int(b)}, data, args.minutes, runs))
-                for b in args.blocks.split(",") if b]
+    wanted = args.drafters.split(",")
+    heads = {EAGLE3_RUN: recipe_section("eagle3-smollm2", "head"), "peagle": recipe_section("peagle-smollm2", "head")}
+    heads = {name: head for name, head in heads.items() if name.split("-")[0] in wanted}
+    if "dflash" in wanted:
+        dflash = recipe_section("dflash-smollm2", "head")
+        heads.update({f"dflash-b{b}": {**dflash, "block_size": int(b)} for b in args.blocks.split(",") if b})
+    trained = [train_for_minutes(name, head, data, args.minutes, runs) for name, head in heads.items()]
+    folders = [str(run / args.use / DRAFTER if (run / args.use / DRAFTER).is_dir() else run) for run in trained]
     config = EvalConfig(prompts=args.prompts, limit=args.limit, tree=args.tree, combined="graft")
     report = run_eval(folders, config, out=args.out)
     rows = json.loads((Path(report) / "report.json").read_text())["results"]

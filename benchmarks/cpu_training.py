@@ -1,7 +1,7 @@
 """How the benchmarks train a drafter on 2 CPU cores: one offline recipe shape for a wall-clock budget, so drafters
 trained by different benchmarks are trained alike (imported by the scripts beside it).
 
-    run = train_for_minutes("eagle3", head, data, minutes=12, runs=Path("runs/bench"))
+    run = train_for_minutes(EAGLE3_RUN, head, data, minutes=12, runs=Path("runs/bench"))
 """
 
 from __future__ import annotations
@@ -11,6 +11,10 @@ from pathlib import Path
 from draftheads.recipe import recipe_from_dict
 from draftheads.training.loop import run_training
 
+# The eagle3-smollm2 head's run folder in every benchmark: benchmarks given the same runs folder train it once
+EAGLE3_RUN = "eagle3-draftheads"
+MAX_STEPS = 1_000_000   # never reached: the minutes end every run
+
 
 def train_for_minutes(name: str, head: dict, data: dict, minutes: float, runs: Path, *, target: str = "smollm2-135m",
                       checkpoint_every: int = 100, keep_last: int = 1) -> Path:
@@ -18,7 +22,7 @@ def train_for_minutes(name: str, head: dict, data: dict, minutes: float, runs: P
     resumes the run folder runs/<name>. Evaluated and checkpointed every `checkpoint_every` steps."""
     recipe = recipe_from_dict({
         "name": name, "target": {"name": target, "dtype": "auto"}, "head": head, "data": data,
-        "train": {"output_dir": str(runs / name), "mode": "offline", "max_steps": 1000,
+        "train": {"output_dir": str(runs / name), "mode": "offline", "max_steps": MAX_STEPS,
                   "time_budget_minutes": minutes, "batch_size": 16, "max_length": 512, "lr": 1e-3,
                   "warmup_steps": 20, "schedule": "constant", "max_grad_norm": 0.5, "eval_every": checkpoint_every,
                   "save_every": checkpoint_every, "keep_last": keep_last},

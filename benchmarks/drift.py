@@ -8,8 +8,9 @@
 fine-tunes at two strengths each on data/update-writing (the target's own sampled answers to writing, role-play,
 open and humanities prompts: another kind of data than the drafter's mostly-code rows; `draftheads data
 demo-smollm2 data.output=data/update-writing ...` as docs/drift.md gives it), and the embedded GGUF requantized from
-Q4_1 to Q4_0. Then `draftheads drift` of the drafter (runs/bench/eagle3 by default: EAGLE-3, 12 minutes on the demo
-data) on each, its old-target evaluation measured once and shared. Prints shift, tau old/new and predicted per target.
+Q4_1 to Q4_0. Then `draftheads drift` of the drafter (runs/bench/eagle3-draftheads by default: EAGLE-3, 12 minutes on
+the demo data) on each, its old-target evaluation measured once and shared. Prints shift, tau old/new and predicted
+per target.
 
 `recover` regenerates the drafter's training data with the updated target (the same prompts, answered by the new
 target; all of them and a quarter) and trains: from scratch (12 minutes), warm from the old drafter (6 minutes, on
@@ -230,7 +231,8 @@ def tau_of(drafter, model, tokenizer, conversations, max_new_tokens: int) -> flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", choices=["shift", "recover", "monitor"])
-    parser.add_argument("--drafter", default="runs/bench/eagle3", help="the old target's drafter (a run folder)")
+    parser.add_argument("--drafter", default="runs/bench/eagle3-draftheads",
+                        help="the old target's drafter (a run folder)")
     parser.add_argument("--update-data", default="data/update-writing", help="what the updates are fine-tuned on")
     parser.add_argument("--old-data", default="data/demo-self", help="the drafter's training data")
     parser.add_argument("--targets", default="targets", help="where updated targets are made (kept)")

@@ -7,7 +7,8 @@ rows for the same CPU minutes, both drafters then evaluated in one `draftheads e
 
 1. Ours: the eagle3-smollm2 recipe's head (1 Llama layer, ttt_steps 3, an 8,192-token draft vocabulary), trained
    offline by cpu_training.train_for_minutes (the benchmarks' CPU shape: batch 16 rows of <= 512 tokens, lr 1e-3
-   constant after 20 warm-up steps) for --minutes. Its run folder: <out>/eagle3-draftheads (a rerun resumes it).
+   constant after 20 warm-up steps) for --minutes. Its run folder: <out>/eagle3-draftheads (a rerun resumes it;
+   benchmarks/block_parallel.py trains the same one when its --runs is this --out).
 2. The same rows for speculators (speculators_data.py): the same token ids and loss masks, cut to the same 512
    tokens, our training rows first and our held-out rows last (so speculators' train/val split is ours); the
    hidden states computed by our target code from the SAME three layers (our feature_layers: the outputs of layers
@@ -54,12 +55,13 @@ from draftheads.interop.vocab_mapping import write_vocab_mappings
 from draftheads.recipe import load_recipe
 from draftheads.training.batches import split_rows
 
-from cpu_training import train_for_minutes  # beside this script: `python benchmarks/...` puts benchmarks/ on sys.path
+# beside this script: `python benchmarks/...` puts benchmarks/ on sys.path
+from cpu_training import EAGLE3_RUN, train_for_minutes
 from speculators_data import write_speculators_data
 
 HERE = Path(__file__).resolve().parent
 SPECULATORS_PYTHON = HERE.parent / ".venv-speculators" / "bin" / "python"
-OURS, THEIRS = "eagle3-draftheads", "eagle3-speculators"
+OURS, THEIRS = EAGLE3_RUN, "eagle3-speculators"
 
 
 def arguments() -> argparse.Namespace:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from draftheads.core.config import to_dict
 from draftheads.core.errors import DraftheadsError
+from draftheads.core.run_folder import BEST, DRAFTER, FINAL, STEP_RE
 from draftheads.core.tree import DynamicTreeSpec, Tree
 from draftheads.decoding.combined import CombinedDrafter
 from draftheads.decoding.lookup import PromptLookupDrafter
@@ -140,10 +141,14 @@ def learned_source(entries: list[Entry], combined: Entry) -> Entry:
 
 
 def drafter_name(folder: Path) -> str:
-    """The run's name for runs/<name>/final/drafter or runs/<name>/step_N/drafter, else the folder's name."""
+    """The run's name for runs/<name>/final/drafter, runs/<name>/best/drafter or runs/<name>/step_N/drafter (the
+    latter two as <name>@best and <name>@step_N), else the folder's name."""
     parts = folder.resolve().parts
-    if len(parts) >= 3 and parts[-1] == "drafter" and (parts[-2] == "final" or parts[-2].startswith("step_")):
-        return parts[-3] if parts[-2] == "final" else f"{parts[-3]}@{parts[-2]}"
+    if len(parts) >= 3 and parts[-1] == DRAFTER:
+        if parts[-2] == FINAL:
+            return parts[-3]
+        if parts[-2] == BEST or STEP_RE.match(parts[-2]):
+            return f"{parts[-3]}@{parts[-2]}"
     return folder.name
 
 
