@@ -13,8 +13,6 @@ from draftheads.data.prompt_source import PromptSource
 from draftheads.data.prompts import load_source
 from draftheads.evaluation.profile import context_limit
 
-CALIBRATION_PROMPTS = 6
-
 
 @dataclass
 class Conversation:

@@ -67,6 +67,10 @@ class EvalConfig:
                                                                   "has native bf16, else fp32)", "--dtype")
     refresh_profile: bool = flag(False, "time the target on this machine again instead of reading the cached cost "
                                         "profile", "--refresh-profile")
+    calibration_prompts: int = flag(6, "prompts of the same set, past the evaluated ones, that automatic trees, gates "
+                                       "and the prediction are fitted on before the evaluated prompts run; more narrow "
+                                       "the predicted range, and each costs one generation per configuration",
+                                    "--calibration-prompts")
     tau_from: str | None = flag(None, "predict from the tau an earlier eval measured (its folder or report.json) where "
                                       "it ran the same drafter, tree and rule, instead of from the calibration prompts",
                                 "--tau-from")
@@ -83,6 +87,8 @@ class EvalConfig:
         check_prompts(self.prompts, self.limit, self.max_new_tokens)
         check(bool(self.batch_sizes) and all(b >= 1 for b in self.batch_sizes),
               f"eval.batch_sizes (--batch-size) must be whole numbers >= 1, got {self.batch_sizes}; e.g. 1,2,4,8,16")
+        check(self.calibration_prompts >= 1, f"eval.calibration_prompts (--calibration-prompts) must be a whole "
+                                             f"number >= 1, got {self.calibration_prompts}")
         check(self.plain_above in (None, "auto") or self.plain_above >= 1,
               f"eval.plain_above (--plain-above) must be a whole number >= 1 (decode plainly above that many rows), "
               f"got {self.plain_above}")

@@ -16,7 +16,7 @@ from pathlib import Path
 from draftheads.core.tree import AutoTreeSpec, parse_tree
 from draftheads.evaluation.batch_profile import batch_profile
 from draftheads.evaluation.calibration import COMB_DEPTH, COMB_WIDTH, fit_auto_trees, price_gates
-from draftheads.evaluation.conversations import CALIBRATION_PROMPTS, eval_settings, first_chat, load_conversations
+from draftheads.evaluation.conversations import eval_settings, first_chat, load_conversations
 from draftheads.evaluation.earlier_report import read_earlier
 from draftheads.evaluation.entries import LOOKUP_DEPTH, build_entries, plain_above_entry
 from draftheads.evaluation.eval_config import EvalConfig
@@ -51,7 +51,7 @@ def run_eval(drafters: list[str], config: EvalConfig | None = None, *, target: s
     fitted = max(budget + 1 + LOOKUP_DEPTH, COMB_WIDTH * COMB_DEPTH + 1) if budget else 1
     settings = eval_settings(model, tokenizer, config, max([e.nodes for e in entries] + [fitted]))
     conversations, skipped, calibration = load_conversations(config.prompts, config.limit, tokenizer, settings,
-                                                             CALIBRATION_PROMPTS)
+                                                             config.calibration_prompts)
     rules = {(c.rule, c.temperature) for c in configs} | {("strict", c.temperature) for c in configs}
     profile = target_profile(model, refresh=config.refresh_profile,
                              rules=sorted((r, t, config.top_k, config.top_p) for r, t in rules),

@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from draftheads.evaluation.calibration import profile_entry
-from draftheads.evaluation.conversations import CALIBRATION_PROMPTS, eval_settings, load_conversations
+from draftheads.evaluation.conversations import eval_settings, load_conversations
 from draftheads.evaluation.entries import build_entries
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.plots import _pyplot, save
@@ -34,7 +34,7 @@ def run_profile(target: str | None, drafters: list[str], *, dtype: str = "auto",
     if entries:
         config = EvalConfig(max_new_tokens=64)
         settings = eval_settings(model, tokenizer, config, max(e.nodes for e in entries))
-        calibration = load_conversations(config.prompts, 1, tokenizer, settings, CALIBRATION_PROMPTS)[2]
+        calibration = load_conversations(config.prompts, 1, tokenizer, settings, config.calibration_prompts)[2]
         for entry in entries:
             costs[entry.name] = profile_entry(model, tokenizer, entry, calibration, settings)
     print(format_profile(profile, info["name"], info["dtype"], costs))

@@ -509,6 +509,8 @@ def test_run_eval_rejects_bad_settings(eagle_run, tmp_path):
         with pytest.raises(DraftheadsError, match="tree"):
             run_eval([str(folder)], EvalConfig(prompts=str(prompts), tree=bad),
                      target_model=fixture(), out=str(tmp_path))
+    with pytest.raises(DraftheadsError, match="calibration_prompts .* >= 1, got 0"):
+        EvalConfig(prompts=str(prompts), calibration_prompts=0)
     model, _ = fixture()
     save_drafter(build_drafter("medusa", model), tmp_path / "medusa", model)
     with pytest.raises(DraftheadsError, match="static trees"):
@@ -533,3 +535,16 @@ def test_auto_tree_fitted_from_measured_accuracies():
     assert oracle.info["accuracy_table"][0][:2] == [1.0, 0.0]
     assert random.tree.paths == Tree.chain(1).paths and "no draft matched" in random.info["auto_tree"]
     assert combined.tree is random.tree and combined.info["tree"].endswith("+ lookup chain:6")
+
+
+def test_calibration_takes_as_many_prompts_as_asked_past_the_evaluated_ones(tmp_path):
+    from draftheads.evaluation.conversations import EvalSettings, load_conversations
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Write function number {i}."}) + "\n" for i in range(8)))
+    _, tokenizer = fixture()
+    settings = EvalSettings(max_new_tokens=8, max_length=256, stop_ids=[])
+    evaluated, _, calibration = load_conversations(str(prompts), 2, tokenizer, settings, 5)
+    assert [c.prompt_id for c in evaluated] == [0, 1] and [c.prompt_id for c in calibration] == [2, 3, 4, 5, 6]
+    calibration = load_conversations(str(prompts), 6, tokenizer, settings, 5)[2]
+    assert [c.prompt_id for c in calibration] == [6, 7]          # as many as the set has past the evaluated ones
