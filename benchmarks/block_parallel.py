@@ -56,8 +56,13 @@ def main() -> None:
     data = {**recipe_section(args.recipe, "data"), "output": args.data}
     runs = Path(args.runs)
     wanted = args.drafters.split(",")
-    heads = {EAGLE3_RUN: recipe_section("eagle3-smollm2", "head"), "peagle": recipe_section("peagle-smollm2", "head")}
-    heads = {name: head for name, head in heads.items() if name.split("-")[0] in wanted}
+    if set(wanted) - {"eagle3", "peagle", "dflash"}:
+        raise SystemExit(f"--drafters {args.drafters}: choose from eagle3, peagle, dflash")
+    heads = {}
+    if "eagle3" in wanted:
+        heads[EAGLE3_RUN] = recipe_section("eagle3-smollm2", "head")
+    if "peagle" in wanted:
+        heads["peagle"] = recipe_section("peagle-smollm2", "head")
     if "dflash" in wanted:
         dflash = recipe_section("dflash-smollm2", "head")
         heads.update({f"dflash-b{b}": {**dflash, "block_size": int(b)} for b in args.blocks.split(",") if b})
