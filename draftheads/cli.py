@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time the target on this machine again instead of reading the cached cost profile")
     p.add_argument("--calibration-prompts", default=None, metavar="N",
                    help="prompts past the evaluated ones that trees, gates and the prediction are fitted on "
-                        "(default: 6); more narrow the predicted range, each costs a generation per configuration")
+                        "(default: 16); more narrow the predicted range, each costs a generation per configuration")
     p.add_argument("--tau-from", default=None, metavar="REPORT",
                    help="predict from the tau an earlier eval measured (its folder or report.json) where it ran the "
                         "same drafter, tree and rule, instead of from the calibration prompts")

@@ -67,7 +67,7 @@ class EvalConfig:
                                                                   "has native bf16, else fp32)", "--dtype")
     refresh_profile: bool = flag(False, "time the target on this machine again instead of reading the cached cost "
                                         "profile", "--refresh-profile")
-    calibration_prompts: int = flag(6, "prompts of the same set, past the evaluated ones, that automatic trees, gates "
+    calibration_prompts: int = flag(16, "prompts of the same set, past the evaluated ones, that automatic trees, gates "
                                        "and the prediction are fitted on before the evaluated prompts run; more narrow "
                                        "the predicted range, and each costs one generation per configuration",
                                     "--calibration-prompts")
