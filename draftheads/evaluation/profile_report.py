@@ -34,7 +34,8 @@ def run_profile(target: str | None, drafters: list[str], *, dtype: str = "auto",
     if entries:
         config = EvalConfig(max_new_tokens=64)
         settings = eval_settings(model, tokenizer, config, max(e.nodes for e in entries))
-        calibration = load_conversations(config.prompts, 1, tokenizer, settings, config.calibration_prompts)[2]
+        # profile_entry times a drafter on the first calibration prompt only: load that one, not the whole set
+        calibration = load_conversations(config.prompts, 1, tokenizer, settings, 1)[2]
         for entry in entries:
             costs[entry.name] = profile_entry(model, tokenizer, entry, calibration, settings)
     print(format_profile(profile, info["name"], info["dtype"], costs))
