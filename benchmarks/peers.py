@@ -27,6 +27,9 @@ rows for the same CPU minutes, both drafters then evaluated in one `draftheads e
    batch, 487 at 2,048 and 533 at 512 (ours: 967, batches of 16 rows of <= 512 tokens).
 4. Their checkpoint (interrupted/ or the last epoch's) is copied as it is to <out>/eagle3-speculators/ and loaded
    by our speculators reader in the same `draftheads eval` run as ours, beside the prompt-lookup baseline.
+   Both trainers are judged by the drafter they hold when the minutes run out: our final/, not best/ (the step
+   with the best held-out acceptance, which benchmarks/block_parallel.py evaluates), since speculators' trainer
+   keeps no best step of its own.
 
 Prints trainer, minutes, steps, training tokens/s (non-padding tokens per second of training steps), tau and speedup;
 writes them to <out>/peers.json and <out>/peers.md. Needs .venv-speculators (`make speculators-venv`) and the data

@@ -208,10 +208,17 @@ def train(run: Run, after_step=None) -> None:
     recipe, acc, state = run.recipe, run.accelerator, run.state
     cfg = recipe.train
     final = run.run_dir / FINAL / DRAFTER
-    if state["step"] >= cfg.max_steps and final.is_dir():
-        acc.print(f"draftheads: {run.run_dir} has finished ({state['step']} of {cfg.max_steps} steps; drafter in "
-                  f"{final}); to train further raise train.max_steps and set "
-                  f"train.resume={C.list_checkpoints(run.run_dir)[-1]}, or set train.output_dir for a new run")
+    budget = cfg.time_budget_minutes * 60 if cfg.time_budget_minutes else math.inf
+    # a run stopped by its time budget is as finished as one that reached max_steps: run again, it would train one
+    # more step past the budget and overwrite final/
+    out_of_time = state["train_seconds"] > budget
+    if (state["step"] >= cfg.max_steps or out_of_time) and final.is_dir():
+        limit, raise_it = ((f"{cfg.time_budget_minutes:g} min", "train.time_budget_minutes") if out_of_time
+                           else (f"{cfg.max_steps} steps", "train.max_steps"))
+        acc.print(f"draftheads: {run.run_dir} has finished ({state['step']} of {cfg.max_steps} steps, "
+                  f"{state['train_seconds'] / 60:.1f} min; drafter in {final}, limit {limit}); to train further "
+                  f"raise {raise_it} and set train.resume={C.list_checkpoints(run.run_dir)[-1]}, or set "
+                  "train.output_dir for a new run")
         return
     start_trackers(acc, recipe.log, recipe.name, recipe.to_dict())
     batches = micro_batches(run)
@@ -220,7 +227,6 @@ def train(run: Run, after_step=None) -> None:
                disable=not acc.is_main_process, dynamic_ncols=True)
     say = Say(acc)
     clock = Clock(state["train_seconds"])
-    budget = cfg.time_budget_minutes * 60 if cfg.time_budget_minutes else math.inf
     stopped_by = "max_steps"
     depth = len(state["history"][-1]["acc"]) if state["history"] else 0
     while state["step"] < cfg.max_steps:

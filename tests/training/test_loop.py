@@ -20,7 +20,7 @@ from draftheads.training import batches as B
 from draftheads.training.loop import run_training
 from draftheads.training.metrics import acceptance_length
 from draftheads.training.setup import lr_factor
-from tests.training.train_helpers import drafter_weights, max_weight_diff, tiny_recipe
+from tests.training.train_helpers import Crash, crash_at, drafter_weights, max_weight_diff, tiny_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -110,6 +110,25 @@ def test_time_budget_stops_cleanly_and_says_so(tmp_path, data_dir, llama_target,
     assert metrics["stopped_by"] == "time_budget" and metrics["steps"] == 1
     assert (run_dir / "step_000001" / "COMPLETE").is_file() and metrics["final_eval"]["step"] == 1
     assert "time budget" in capsys.readouterr().out
+
+
+def test_a_run_stopped_by_its_time_budget_is_finished_and_run_again_trains_nothing(tmp_path, data_dir, llama_target,
+                                                                                    capsys):
+    """Run again (a benchmark resuming its run folder, say), it keeps final/ as it was instead of training one more
+    step past the budget; raising the budget continues it."""
+    recipe = tiny_recipe(data_dir, tmp_path / "run", max_steps=50, time_budget_minutes=1e-6)
+    run_dir = run_training(recipe, target=llama_target)
+    before = (run_dir / "final" / "drafter" / "model.safetensors").stat().st_mtime_ns
+    steps = []
+    capsys.readouterr()
+    run_training(tiny_recipe(data_dir, run_dir, max_steps=50, time_budget_minutes=1e-6), target=llama_target,
+                 after_step=steps.append)
+    assert steps == [] and "has finished (1 of 50 steps" in capsys.readouterr().out
+    assert (run_dir / "final" / "drafter" / "model.safetensors").stat().st_mtime_ns == before
+    with pytest.raises(Crash):
+        run_training(tiny_recipe(data_dir, run_dir, max_steps=50, time_budget_minutes=60), target=llama_target,
+                     after_step=lambda step: steps.append(step) or crash_at(3)(step))
+    assert steps == [2, 3]
 
 
 @pytest.mark.parametrize("form", ["vocab_mapping.pt", "d2t.npy", "drafter"])
