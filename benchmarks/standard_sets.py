@@ -7,6 +7,9 @@ table of tau and speedup per set and preset, and per MT-Bench category.
 
 Writes <out>/<set>-<preset>/ (each run's own report) and <out>/standard_sets.md / .json. Run it with nothing else
 heavy on the machine: the speedups are wall-clock ratios.
+
+Every drafter is checked against every preset's tree before the first run: one that cannot draft that deep (a DFlash
+block of 4 drafts 3 levels, specbundle-8 asks for 7) is left out of that preset's runs, and its row says why.
 """
 
 from __future__ import annotations
@@ -15,9 +18,14 @@ import argparse
 import json
 from pathlib import Path
 
+from draftheads.core.tree import parse_tree
+from draftheads.evaluation.drafter_specs import model_free, split_spec
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
 from draftheads.evaluation.presets import PRESETS
+from draftheads.evaluation.saved_runs import load_eval_target
+from draftheads.interop.load import load_drafter
+from draftheads.interop.native import resolve_drafter_folder
 
 
 def arguments() -> argparse.Namespace:
@@ -30,17 +38,55 @@ def arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def draft_limits(drafters: list[str]) -> dict[str, int | None]:
+    """How many levels each drafter spec drafts at most (None: prompt lookup and suffix decoding, any depth)."""
+    model = None
+    limits = {}
+    for spec in drafters:
+        path = split_spec(spec)[0]
+        if model_free(path):
+            limits[spec] = None
+            continue
+        model = model or load_eval_target(None, "auto", drafters)[0]
+        limits[spec] = load_drafter(resolve_drafter_folder(path), model).config.depth
+    return limits
+
+
+def fitting(drafters: list[str], limits: dict[str, int | None], preset: str) -> tuple[list[str], dict[str, str]]:
+    """(the drafters that can draft `preset`'s tree, why each other one cannot)."""
+    depth = parse_tree(PRESETS[preset].tree).depth
+    too_shallow = {spec: f"drafts at most {limits[spec]} levels, {preset} is {depth} deep" for spec in drafters
+                   if limits[spec] is not None and limits[spec] < depth}
+    return [spec for spec in drafters if spec not in too_shallow], too_shallow
+
+
 def main() -> None:
     args = arguments()
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    presets = args.presets.split(",")
+    unknown = [p for p in presets if p not in PRESETS]
+    if unknown:
+        raise SystemExit(f"unknown preset {', '.join(unknown)}; use any of {', '.join(PRESETS)}")
+    limits = draft_limits(list(args.drafters))
+    plan = {preset: fitting(list(args.drafters), limits, preset) for preset in presets}
+    for preset, (_, skipped) in plan.items():
+        for spec, why in skipped.items():
+            print(f"standard_sets: {spec} is left out of {preset}: it {why}", flush=True)
     rows = []
     for item in args.sets.split(","):
         name, _, limit = item.partition(":")
         limit = int(limit) if limit and int(limit) > 0 else None
-        for preset in args.presets.split(","):
+        for preset in presets:
+            kept, skipped = plan[preset]
+            rows += [{"set": name, "prompts": None, "preset": preset, "kind": "all", "drafter": spec,
+                      "tree": PRESETS[preset].tree, "tau": None, "speedup": None, "note": f"not run: it {why}"}
+                     for spec, why in skipped.items()]
+            if not kept:
+                continue
             config = EvalConfig(prompts=name, limit=limit, preset=preset,
                                 max_new_tokens=args.max_new_tokens)
-            folder = run_eval(list(args.drafters), config, out=str(out / f"{name}-{preset}"))
+            folder = run_eval(kept, config, out=str(out / f"{name}-{preset}"))
             report = json.loads((Path(folder) / "report.json").read_text())
             for r in report["results"]:
                 rows.append({"set": name, "prompts": report["prompt_count"], "preset": preset, "kind": "all",
@@ -52,7 +98,8 @@ def main() -> None:
     (out / "standard_sets.json").write_text(json.dumps({"settings": vars(args), "rows": rows}, indent=2))
     lines = ["| set | preset | kind | prompts | drafter | tau | speedup |", "|---|---|---|---:|---|---:|---:|"]
     lines += [f"| {r['set']} | {r['preset']} | {r['kind']} | {r['prompts']} | {r['drafter']} | {r['tau']:.2f} | "
-              f"{r['speedup']:.2f}x |" for r in rows]
+              f"{r['speedup']:.2f}x |" if r["tau"] is not None else
+              f"| {r['set']} | {r['preset']} | {r['kind']} | - | {r['drafter']} | {r['note']} | - |" for r in rows]
     (out / "standard_sets.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

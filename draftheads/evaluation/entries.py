@@ -106,6 +106,11 @@ def learned_entry(path: str, model, tree, taken: list[str]) -> Entry:
     if isinstance(used, DynamicTreeSpec) and drafter.config.type in ("medusa", "medusa2"):
         raise DraftheadsError(f"{path}: Medusa heads draft static trees; give --tree chain:K or static:PATHS, "
                               "not dynamic")
+    limit = drafter.config.depth
+    if used.depth > limit:   # refused here, before the profile and the runs, not at the first draft minutes later
+        raise DraftheadsError(f"{path}: the tree {describe_tree(used)} is {used.depth} deep, but this "
+                              f"{drafter.config.type} drafter drafts at most {limit} levels; give a --tree (or "
+                              f"--preset) of depth <= {limit}")
     name = drafter_name(folder)
     while name in taken:
         name += "'"

@@ -516,6 +516,10 @@ def test_run_eval_rejects_bad_settings(eagle_run, tmp_path):
     with pytest.raises(DraftheadsError, match="static trees"):
         run_eval([str(tmp_path / "medusa")], EvalConfig(prompts=str(prompts), tree="dynamic:2,2,4"),
                  target_model=fixture(), out=str(tmp_path / "x"), progress=False)
+    save_drafter(build_drafter("dflash", model, block_size=4), tmp_path / "dflash", model)
+    with pytest.raises(DraftheadsError, match=r"chain:7 is 7 deep, but this dflash drafter drafts at most 3 levels"):
+        run_eval([str(tmp_path / "dflash")], EvalConfig(prompts=str(prompts), preset="specbundle-8"),
+                 target_model=fixture(), out=str(tmp_path / "y"), progress=False)
 
 
 def test_auto_tree_fitted_from_measured_accuracies():

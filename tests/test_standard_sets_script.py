@@ -1,0 +1,24 @@
+"""benchmarks/standard_sets.py's plan: which drafters run at which preset, checked before the first run."""
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def script():
+    spec = importlib.util.spec_from_file_location("standard_sets", ROOT / "benchmarks" / "standard_sets.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_drafter_too_shallow_for_a_preset_is_left_out_of_it_with_the_reason():
+    fitting = script().fitting
+    drafters = ["lookup", "runs/eagle3", "runs/dflash-b4", "runs/dflash-b4+lookup-switch"]
+    limits = {"lookup": None, "runs/eagle3": 16, "runs/dflash-b4": 3, "runs/dflash-b4+lookup-switch": 3}
+    assert fitting(drafters, limits, "specbundle-4") == (drafters, {})
+    kept, skipped = fitting(drafters, limits, "specbundle-8")
+    assert kept == ["lookup", "runs/eagle3"]
+    assert skipped == {"runs/dflash-b4": "drafts at most 3 levels, specbundle-8 is 7 deep",
+                       "runs/dflash-b4+lookup-switch": "drafts at most 3 levels, specbundle-8 is 7 deep"}
