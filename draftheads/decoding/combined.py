@@ -10,16 +10,17 @@ Copying from the prompt is where learned heads are weakest (long verbatim spans,
 the two complement each other.
 
 With `switch=True` the combination stops paying for the learned tree while the text is being copied:
-when the previous lookup chain had at least `copy_after` of its tokens committed and lookup finds a
-continuation again, the lookup chain is verified alone (no learned drafting, a verification of
-lookup_depth + 1 tokens instead of the whole tree); the first time lookup misses or finds nothing,
+when the previous copied paths had at least `copy_after` of their tokens committed and the copier finds a
+continuation again, the copier's own proposal is verified alone: what it drafts by itself (prompt lookup's
+chain, suffix decoding's tree of up to 12 levels), no learned drafting, instead of the whole grafted tree, whose
+copied paths stop at lookup_depth to keep its verification small. The first time the copy misses or finds nothing,
 the grafted tree comes back. It saves the learned drafting, a large share of a step on a CPU, where lookup
 carries the text: it pays on copy-heavy retrieval and loses elsewhere, where the learned branches it drops
 would have been accepted (docs/general-drafters.md).
 
 With a `gate` (decoding/gate.py) the learned tree is drafted only while the tokens it adds pay for what it costs
 on this machine, judged apart for steps where lookup found a chain and steps where it found nothing; a step that
-does not draft it verifies the lookup chain alone, or is a plain decoding step. Where the drafter adds little the
+does not draft it verifies the copier's own proposal alone, or is a plain decoding step. Where the drafter adds little the
 combination runs as prompt lookup, where it adds much as the grafted tree.
 
 The learned drafter reads the committed positions when it next drafts (its prompt at once), so steps that do not
@@ -71,6 +72,14 @@ def graft_paths(tree: Tree, tokens: list[int], paths: list[list[int]]) -> tuple[
     for path in paths:
         tree, tokens = graft(tree, tokens, path)
     return tree, tokens
+
+
+def token_paths(proposal: Proposal) -> list[list[int]]:
+    """The tokens along every root-to-leaf path of a one-row proposal, root left out."""
+    tokens = proposal.tokens[0].tolist()
+    by_path = {path: tokens[i] for i, path in enumerate(proposal.tree.paths, start=1)}
+    parents = {path[:-1] for path in by_path}
+    return [[by_path[leaf[:d]] for d in range(1, len(leaf) + 1)] for leaf in by_path if leaf not in parents]
 
 
 ROOT_ONLY = Tree.from_paths([])
@@ -147,9 +156,13 @@ class CombinedDrafter:
             self.drafted = self.gate.draft_learned(bool(paths))
         else:
             self.drafted = not (self.switch and paths and self.copied >= self.copy_after)
-        if not self.drafted:   # the copied paths alone (the root alone, a plain step, when nothing was found)
-            merged, tokens = graft_paths(ROOT_ONLY, [self.lookup.pending], paths)
-            return Proposal(merged, torch.tensor([tokens], dtype=torch.long, device=self.lookup.device))
+        if not self.drafted and not paths:   # a plain decoding step: nothing to copy, the learned tree not worth it
+            return Proposal(ROOT_ONLY, torch.tensor([[self.lookup.pending]], dtype=torch.long,
+                                                    device=self.lookup.device))
+        if not self.drafted:   # the copier as it drafts alone: as deep as its match carries it, not lookup_depth
+            alone = self.lookup.propose(self.lookup.default_tree)
+            self.last_paths = token_paths(alone)
+            return alone
         self.read_unread()
         base = self.learned.propose(tree, temperature=temperature, top_k=top_k, top_p=top_p, generator=None)
         if not paths:

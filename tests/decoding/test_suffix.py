@@ -150,3 +150,21 @@ def test_a_combination_grafts_every_branch_of_the_suffix_tree_onto_the_learned_o
     paths = {tuple(tokens[n] for n in proposal.tree.ancestors(node)[1:]) for node in range(proposal.tree.num_nodes)}
     assert {(7, 6, 0), (9, 8, 0)} <= paths and proposal.q is None and tokens[0] == 3
     assert drafter.copy_nodes == 16 and proposal.tree.num_nodes <= 1 + 2 + 6
+
+
+def test_a_switch_verifies_the_suffix_tree_alone_as_deep_as_suffix_decoding_drafts_it_alone():
+    """The grafted copy stops at lookup_depth (4 here); once copying, the switch proposes what suffix decoding
+    alone would: the whole 8-token run that followed the text's last tokens before."""
+    run = [11, 12, 13, 14, 15, 16, 17, 18]
+    text = [1, 2, 3, *run, 5, 1, 2, 3]
+    drafter = CombinedDrafter(RandomDrafter(50, tree=Tree.chain(2)), SuffixDrafter(), lookup_depth=4, switch=True,
+                              copy_after=2)
+    drafter.reset()
+    drafter.observe(torch.zeros(1, len(text), 0), torch.tensor([text]))
+    grafted = drafter.propose(Tree.chain(2))
+    assert max(len(path) for path in drafter.last_paths) == 4
+    drafter.observe(torch.zeros(1, 3, 0), torch.tensor([run[:3]]))     # three copied tokens committed
+    alone = drafter.propose(Tree.chain(2))
+    suffix_alone = drafter.lookup.propose(drafter.lookup.default_tree)   # reads the text, changes nothing
+    assert alone.tree.paths == suffix_alone.tree.paths and torch.equal(alone.tokens, suffix_alone.tokens)
+    assert alone.tokens[0].tolist()[:6] == run[2:] and grafted.tree.num_nodes > 1 + 2

@@ -162,8 +162,10 @@ def test_switch_verifies_the_lookup_chain_alone_while_text_is_copied():
     calls = []
     learned.propose = lambda *a, **k: calls.append(1)                   # must not be asked to draft
     copying = drafter.propose(Tree.chain(2))
-    assert copying.tree.paths == Tree.chain(4).paths and calls == []
-    assert copying.tokens[0].tolist() == [7, 1, 2, 3, 9]               # what followed the earlier "3 9 7"
+    # lookup as it drafts alone (up to its chain of 6, not the 4 grafted): all that followed the earlier "3 9 7"
+    assert copying.tree.paths == Tree.chain(5).paths and calls == []
+    assert copying.tokens[0].tolist() == [7, 1, 2, 3, 9, 7]
+    assert drafter.last_paths == [[1, 2, 3, 9, 7]]
     del learned.propose
     drafter.observe(torch.zeros(1, 2, 0), torch.tensor([[6, 1]]))       # the chain 1 2 3 9 missed at its first token
     again = drafter.propose(Tree.chain(2))                              # lookup still finds "2 3 9 7" after "1"
