@@ -20,8 +20,8 @@ would have been accepted (docs/general-drafters.md).
 
 With a `gate` (decoding/gate.py) the learned tree is drafted only while the tokens it adds pay for what it costs
 on this machine, judged apart for steps where lookup found a chain and steps where it found nothing; a step that
-does not draft it verifies the copier's own proposal alone, or is a plain decoding step. Where the drafter adds little the
-combination runs as prompt lookup, where it adds much as the grafted tree.
+does not draft it verifies the copier's own proposal alone, or is a plain decoding step. Where the drafter adds
+little the combination runs as the copier alone, where it adds much as the grafted tree.
 
 The learned drafter reads the committed positions when it next drafts (its prompt at once), so steps that do not
 draft it cost nothing of it.
