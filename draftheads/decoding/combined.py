@@ -76,10 +76,8 @@ def graft_paths(tree: Tree, tokens: list[int], paths: list[list[int]]) -> tuple[
 
 def token_paths(proposal: Proposal) -> list[list[int]]:
     """The tokens along every root-to-leaf path of a one-row proposal, root left out."""
-    tokens = proposal.tokens[0].tolist()
-    by_path = {path: tokens[i] for i, path in enumerate(proposal.tree.paths, start=1)}
-    parents = {path[:-1] for path in by_path}
-    return [[by_path[leaf[:d]] for d in range(1, len(leaf) + 1)] for leaf in by_path if leaf not in parents]
+    tokens, tree = proposal.tokens[0].tolist(), proposal.tree
+    return [[tokens[node] for node in tree.ancestors(leaf)[1:]] for leaf in tree.leaves if leaf]
 
 
 ROOT_ONLY = Tree.from_paths([])
