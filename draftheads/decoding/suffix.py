@@ -121,7 +121,8 @@ class SuffixDrafter:
         covers the next few tokens anyway, what copying adds is the long runs."""
         paths, tokens = self.draft(depth, self.max_nodes, self.max_nodes, at_least=depth)
         by_path = dict(zip(paths, tokens))
-        leaves = [p for p in paths if not any(q[:-1] == p for q in paths)]
+        inner = {p[:-1] for p in paths}  # every node that is some node's parent
+        leaves = [p for p in paths if p not in inner]
         return [[by_path[p[:d]] for d in range(1, len(p) + 1)] for p in leaves]
 
     def copy_budget(self, depth: int) -> int:
