@@ -25,7 +25,7 @@ from draftheads.evaluation.evaluate import run_eval
 from draftheads.evaluation.presets import PRESETS
 from draftheads.evaluation.saved_runs import load_eval_target
 from draftheads.interop.load import load_drafter
-from draftheads.interop.native import resolve_drafter_folder
+from draftheads.interop.native import FORMAT, read_config, resolve_drafter_folder, saved_head
 
 
 def arguments() -> argparse.Namespace:
@@ -39,7 +39,9 @@ def arguments() -> argparse.Namespace:
 
 
 def draft_limits(drafters: list[str]) -> dict[str, int | None]:
-    """How many levels each drafter spec drafts at most (None: prompt lookup and suffix decoding, any depth)."""
+    """How many levels each drafter spec drafts at most (None: prompt lookup and suffix decoding, any depth). Our
+    own folders say it in their config; an engine's folder is read as the evaluation will read it, which needs the
+    target, so the target is loaded only when such a folder is given."""
     model = None
     limits = {}
     for spec in drafters:
@@ -47,8 +49,13 @@ def draft_limits(drafters: list[str]) -> dict[str, int | None]:
         if model_free(path):
             limits[spec] = None
             continue
+        folder = resolve_drafter_folder(path)
+        config = read_config(folder)
+        if config.get("format") == FORMAT:
+            limits[spec] = saved_head(config, folder).depth
+            continue
         model = model or load_eval_target(None, "auto", drafters)[0]
-        limits[spec] = load_drafter(resolve_drafter_folder(path), model).config.depth
+        limits[spec] = load_drafter(folder, model).config.depth
     return limits
 
 
