@@ -3,21 +3,30 @@
 The state of a generation is each draft layer's keys and values over the committed context (extended by `observe`,
 never holding drafted positions) and the pending token. `propose` runs the block [pending, mask, ..., mask] once;
 slot d's distribution is the draft of depth d for every node at that depth, whatever its ancestors (the slots do not
-see each other's tokens). Trees are grown from those per-slot distributions with the same code as the other heads
-(heads/draft_tree.py): a static tree's children of a depth-d node are slot d+1's top-k (or draws without replacement
-from its warped distribution, given as the node's q, so the strict rule stays exact: the draws of different nodes
-are independent), and a dynamic tree keeps the best nodes by summed log-probability, best-first (as DDTree does; q is
-then None, which the point-mass rule handles exactly).
+see each other's tokens). A static tree is filled with the same code as the other heads (heads/draft_tree.py): the
+children of a depth-d node are slot d+1's top-k (or draws without replacement from its warped distribution, given as
+the node's q, so the strict rule stays exact: the draws of different nodes are independent).
+
+A dynamic tree `dynamic:K,D,N` is the exact best N nodes among every path of depth <= D whose token at depth d is one
+of slot d's K candidates, scored by summed log-probability (DDTree, Ringel et al. 2026). The autoregressive heads
+approximate that with EAGLE-2's frontier (only the best K nodes of a level get children), because each expansion
+costs them a forward; here every node's children are known from its depth alone, so a heap over (first child, next
+sibling) finds the exact best N at no cost: a node whose parent ranked below the frontier, or a level-1 node past
+the K-th, is kept when it scores high enough. q is None: which nodes are kept depends on the drafted values, and
+the point-mass rule stays exact however the nodes were chosen.
 """
 
 from __future__ import annotations
+
+import heapq
 
 import torch
 
 from draftheads.core.drafter import Proposal
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import DynamicTreeSpec, Tree
-from draftheads.heads.draft_tree import Sampling, draft_dynamic, draft_static, node_depth
+from draftheads.heads.draft_tree import (Forest, Sampling, child_distribution, choose_children, draft_static,
+                                         forest_to_tree, node_depth)
 
 
 class BlockDrafting:
@@ -63,8 +72,34 @@ def tree_from_slots(tree: Tree | DynamicTreeSpec, root_token: torch.Tensor, slot
         return slots[:, [node_depth(parents, node) for node in nodes]]
 
     if isinstance(tree, DynamicTreeSpec):
-        tree, tokens, q = draft_dynamic(tree, root_token, expand, sampling, vocab)
+        if root_token.numel() != 1:
+            raise ValueError(f"dynamic trees are built for one sequence at a time, got a batch of {root_token.numel()}")
+        forest = best_first(tree, int(root_token.reshape(-1)[0]), slots[0, : tree.depth], sampling, vocab)
+        tree, tokens = forest_to_tree(forest, list(range(1, len(forest.parents))))
+        tokens, q = tokens.to(root_token.device), None
     else:
         tree = tree.compacted() if sampling.sampled else tree  # sampled children: no gaps in sibling ranks
         tokens, q = draft_static(tree, root_token, expand, sampling, vocab)
     return Proposal(tree, tokens, q)
+
+
+def best_first(spec: DynamicTreeSpec, root: int, slots: torch.Tensor, sampling: Sampling, vocab) -> Forest:
+    """The best `spec.total_tokens` nodes over per-depth logits slots [D, V(d)], each depth's candidates its top_k
+    (or top_k draws, ranked by probability), found best-first: popping a node offers its first child and its next
+    sibling, neither scoring above it, so nodes leave the heap in score order and every kept node's parent and
+    elder siblings are kept before it."""
+    probs = child_distribution(slots, sampling, spec.top_k)  # [D, V(d)]
+    picked = choose_children(probs, spec.top_k, sampling)  # [D, K]
+    logp, order = probs.gather(-1, picked).log().sort(-1, descending=True)
+    logp, tokens = logp.tolist(), vocab.to_target(picked.gather(-1, order)).tolist()
+    forest = Forest(tokens=[root])
+    heap = [(-logp[0][0], 0, 0, 0)]  # (-score, parent node, depth - 1, rank)
+    while heap and len(forest.parents) <= spec.total_tokens:
+        negative, parent, level, rank = heapq.heappop(heap)
+        forest.add(parent, tokens[level][rank], -negative)
+        node = len(forest.parents) - 1
+        if level + 1 < len(logp):
+            heapq.heappush(heap, (negative - logp[level + 1][0], node, level + 1, 0))
+        if rank + 1 < len(logp[level]):
+            heapq.heappush(heap, (-(forest.scores[parent] + logp[level][rank + 1]), parent, level, rank + 1))
+    return forest

@@ -311,19 +311,20 @@ def two_token_law(model, prompt: torch.Tensor, temperature, top_k, top_p) -> tor
     return first[:, None] * second
 
 
-def block_drafter(model, kind: str = "dflash"):
-    """A random DFlash or P-EAGLE drafter for the small target: every depth drafted at once from per-slot q."""
+def block_drafter(model, kind: str = "dflash", tree: str = "static:[(0,), (1,), (0, 0)]"):
+    """A random DFlash or P-EAGLE drafter for the small target: every depth drafted at once from per-slot q (a
+    dynamic tree: the best nodes over per-slot draws, point masses)."""
     import draftheads
     from tests.heads.batches import perturb
 
     torch.manual_seed(2)
     size = {"block_size": 3} if kind == "dflash" else {"depths": 2}
-    drafter = draftheads.build_drafter(kind, model, **size, default_tree="static:[(0,), (1,), (0, 0)]")
+    drafter = draftheads.build_drafter(kind, model, **size, default_tree=tree)
     perturb(drafter, scale=0.3)
     return drafter.eval()
 
 
-@pytest.mark.parametrize("kind", ["random", "dflash", "peagle", "suffix"])
+@pytest.mark.parametrize("kind", ["random", "dflash", "dflash-dynamic", "peagle", "suffix"])
 def test_real_loop_two_token_joint_matches_plain_sampling(kind, temperature=0.8, top_k=6, top_p=0.9):
     """speculative_generate with a deliberately poor drafter (q unrelated to the target, children sampled from it;
     or an untrained block drafter, whose per-slot q serves every node of a depth; or suffix decoding, whose drafts
@@ -336,6 +337,7 @@ def test_real_loop_two_token_joint_matches_plain_sampling(kind, temperature=0.8,
     model, prompt, runs = small_target(layers=3 if kind == "peagle" else 1), torch.tensor([[2, 5, 7, 3, 9]]), 1200
     tree = Tree.from_paths([(0,), (1,), (0, 0)])
     drafters = {"random": lambda: RandomDrafter(16, sampled=True, tree=tree), "suffix": lambda: SuffixDrafter()}
+    drafters["dflash-dynamic"] = lambda: block_drafter(model, "dflash", "dynamic:2,2,3")
     drafter = drafters[kind]() if kind in drafters else block_drafter(model, kind)
     counts = torch.zeros(16 * 16)
     accepted = 0
