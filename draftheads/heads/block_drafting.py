@@ -8,7 +8,7 @@ children of a depth-d node are slot d+1's top-k (or draws without replacement fr
 the node's q, so the strict rule stays exact: the draws of different nodes are independent).
 
 A dynamic tree `dynamic:K,D,N` is the exact best N nodes among every path of depth <= D whose token at depth d is one
-of slot d's K candidates, scored by summed log-probability (DDTree, Ringel et al. 2026). The autoregressive heads
+of slot d's K candidates, scored by summed log-probability (DDTree, arXiv 2604.12989). The autoregressive heads
 approximate that with EAGLE-2's frontier (only the best K nodes of a level get children), because each expansion
 costs them a forward; here every node's children are known from its depth alone, so a heap over (first child, next
 sibling) finds the exact best N at no cost: a node whose parent ranked below the frontier, or a level-1 node past

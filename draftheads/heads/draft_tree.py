@@ -1,4 +1,4 @@
-"""Growing a draft tree level by level, shared by EAGLE and MTP.
+"""Growing a draft tree level by level, shared by EAGLE and MTP (and the block-parallel heads' static trees).
 
 A drafter supplies one callback, `expand(nodes, parents, tokens) -> logits [b, len(nodes), V]`:
 the draft logits for the children of `nodes` (all at one depth, every ancestor expanded in an
