@@ -76,12 +76,11 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     args = parser.parse_args()
-    specs = args.trees
     model, tokenizer = load_eval_target(None, "auto", [args.drafter])[:2]
     drafter = load_drafter(args.drafter, model)
-    steps = recorded_slots(drafter, model, tokenizer, args.limit, args.max_new_tokens, specs[0])
+    steps = recorded_slots(drafter, model, tokenizer, args.limit, args.max_new_tokens, args.trees[0])
     print(f"{len(steps)} drafting steps over {args.limit} HumanEval prompts")
-    for text in specs:
+    for text in args.trees:
         differ, exact, frontier = compare(parse_tree(text), steps, drafter.vocab)
         print(f"  {text:20s} trees differ in {differ:4d} steps; expected accepted nodes per step: exact {exact:.3f}, "
               f"frontier {frontier:.3f} ({exact - frontier:+.4f})")

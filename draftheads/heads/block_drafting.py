@@ -26,7 +26,7 @@ from draftheads.core.drafter import Proposal
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import DynamicTreeSpec, Tree
 from draftheads.heads.draft_tree import (Forest, Sampling, child_distribution, choose_children, draft_static,
-                                         forest_to_tree, node_depth)
+                                         forest_to_tree, node_depth, single_root)
 
 
 class BlockDrafting:
@@ -72,9 +72,7 @@ def tree_from_slots(tree: Tree | DynamicTreeSpec, root_token: torch.Tensor, slot
         return slots[:, [node_depth(parents, node) for node in nodes]]
 
     if isinstance(tree, DynamicTreeSpec):
-        if root_token.numel() != 1:
-            raise ValueError(f"dynamic trees are built for one sequence at a time, got a batch of {root_token.numel()}")
-        forest = best_first(tree, int(root_token.reshape(-1)[0]), slots[0, : tree.depth], sampling, vocab)
+        forest = best_first(tree, single_root(root_token), slots[0, : tree.depth], sampling, vocab)
         tree, tokens = forest_to_tree(forest, list(range(1, len(forest.parents))))
         tokens, q = tokens.to(root_token.device), None
     else:

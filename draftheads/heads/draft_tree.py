@@ -180,6 +180,13 @@ def forest_to_tree(forest: Forest, kept: list[int]):
     return tree, tokens
 
 
+def single_root(root: torch.Tensor) -> int:
+    """The root token of a dynamic tree, which is built for one sequence at a time."""
+    if root.numel() != 1:
+        raise ValueError(f"dynamic trees are built for one sequence at a time, got a batch of {root.numel()}")
+    return int(root.reshape(-1)[0])
+
+
 def draft_dynamic(spec: DynamicTreeSpec, root: torch.Tensor, expand: Expand, sampling: Sampling, vocab=FULL):
     """EAGLE-2 dynamic tree for one sequence: root [1] -> (Tree, tokens [1, N], None).
 
@@ -188,8 +195,6 @@ def draft_dynamic(spec: DynamicTreeSpec, root: torch.Tensor, expand: Expand, sam
     q-based tree rule is biased, while treating every child as a point mass stays exact however the
     children were chosen (tests/decoding: test_value_dependent_pruning_needs_point_masses).
     """
-    if root.numel() != 1:
-        raise ValueError(f"dynamic trees are built for one sequence at a time, got a batch of {root.numel()}")
-    forest = grow_dynamic(spec, int(root.reshape(-1)[0]), expand, sampling, vocab, root.device)
+    forest = grow_dynamic(spec, single_root(root), expand, sampling, vocab, root.device)
     tree, tokens = forest_to_tree(forest, select_nodes(forest, spec.total_tokens))
     return tree, tokens.to(root.device), None

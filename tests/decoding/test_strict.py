@@ -336,8 +336,8 @@ def test_real_loop_two_token_joint_matches_plain_sampling(kind, temperature=0.8,
 
     model, prompt, runs = small_target(layers=3 if kind == "peagle" else 1), torch.tensor([[2, 5, 7, 3, 9]]), 1200
     tree = Tree.from_paths([(0,), (1,), (0, 0)])
-    drafters = {"random": lambda: RandomDrafter(16, sampled=True, tree=tree), "suffix": lambda: SuffixDrafter()}
-    drafters["dflash-dynamic"] = lambda: block_drafter(model, "dflash", "dynamic:2,2,3")
+    drafters = {"random": lambda: RandomDrafter(16, sampled=True, tree=tree), "suffix": lambda: SuffixDrafter(),
+                "dflash-dynamic": lambda: block_drafter(model, "dflash", "dynamic:2,2,3")}
     drafter = drafters[kind]() if kind in drafters else block_drafter(model, kind)
     counts = torch.zeros(16 * 16)
     accepted = 0

@@ -17,22 +17,22 @@ from tests.decoding.test_greedy import plain, prompt_ids, target
 ROOT = 99
 
 
-def token_paths(proposal) -> dict[tuple[int, ...], int]:
-    """Every drafted node as its token path from the root (root left out) -> its node index."""
-    tokens, tree = proposal.tokens[0].tolist(), proposal.tree
-    return {tuple(tokens[n] for n in tree.ancestors(node)[1:]): node for node in range(1, tree.num_nodes)}
+def node_paths(tree, tokens: torch.Tensor) -> set[tuple[int, ...]]:
+    """Every drafted node as its token path from the root (root left out)."""
+    return {tuple(tokens[0, n].item() for n in tree.ancestors(node)[1:]) for node in range(1, tree.num_nodes)}
 
 
-def path_score(slots: torch.Tensor, path: tuple[int, ...]) -> float:
-    logp = slots.float().log_softmax(-1)
+def path_score(logp: torch.Tensor, path: tuple[int, ...]) -> float:
+    """Summed log-probability of a token path under per-depth log-probabilities logp [D, V]."""
     return sum(float(logp[depth, token]) for depth, token in enumerate(path))
 
 
 def brute_force(slots: torch.Tensor, spec: DynamicTreeSpec) -> set[tuple[int, ...]]:
     """The best total_tokens paths of depth <= depth over each depth's top_k tokens, by summed log-probability."""
+    logp = slots.float().log_softmax(-1)
     candidates = slots.topk(spec.top_k, -1).indices.tolist()
     paths = [p for d in range(1, spec.depth + 1) for p in itertools.product(*candidates[:d])]
-    return set(sorted(paths, key=lambda p: -path_score(slots, p))[: spec.total_tokens])
+    return set(sorted(paths, key=lambda p: -path_score(logp, p))[: spec.total_tokens])
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -41,7 +41,7 @@ def test_a_dynamic_tree_is_the_exact_best_nodes_over_the_slots_candidates(seed, 
     slots = torch.randn(1, depth, 16, generator=torch.Generator().manual_seed(seed)) * 2
     spec = DynamicTreeSpec(top_k, depth, total)
     proposal = tree_from_slots(spec, torch.tensor([ROOT]), slots, Sampling(), FULL)
-    assert set(token_paths(proposal)) == brute_force(slots[0], spec)
+    assert node_paths(proposal.tree, proposal.tokens) == brute_force(slots[0], spec)
     assert proposal.tokens[0, 0] == ROOT and proposal.q is None
     assert proposal.tree.num_nodes == min(total, sum(top_k ** d for d in range(1, depth + 1))) + 1
 
@@ -54,14 +54,16 @@ def test_it_keeps_what_eagle2s_frontier_cannot_reach():
     slots[0, :2, :2] = torch.tensor([1.0, 0.95])
     slots[0, 2, 5] = 10.0
     spec = DynamicTreeSpec(2, 3, 10)
-    exact = set(token_paths(tree_from_slots(spec, torch.tensor([ROOT]), slots, Sampling(), FULL)))
+    proposal = tree_from_slots(spec, torch.tensor([ROOT]), slots, Sampling(), FULL)
+    exact = node_paths(proposal.tree, proposal.tokens)
     assert {(a, b, 5) for a in (0, 1) for b in (0, 1)} <= exact
 
     expand = lambda nodes, parents, tokens: slots[:, [node_depth(parents, node) for node in nodes]]
     tree, tokens, _ = draft_dynamic(spec, torch.tensor([ROOT]), expand, Sampling(), FULL)
-    frontier = {tuple(tokens[0, n].item() for n in tree.ancestors(v)[1:]) for v in range(1, tree.num_nodes)}
+    frontier = node_paths(tree, tokens)
     assert (1, 1, 5) not in frontier
-    assert sum(map(lambda p: path_score(slots[0], p), exact)) > sum(map(lambda p: path_score(slots[0], p), frontier))
+    logp = slots[0].log_softmax(-1)
+    assert sum(path_score(logp, p) for p in exact) > sum(path_score(logp, p) for p in frontier)
 
 
 @pytest.mark.parametrize("kind, cfg", [("dflash", {"block_size": 4}), ("peagle", {"depths": 3})])
