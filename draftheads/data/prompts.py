@@ -18,7 +18,7 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.data.prompt_source import Prompt
 from draftheads.data.prompt_tables import EVAL_SETS, humaneval_prompts, load_table_source, task_prompts
 from draftheads.data.self_prompts import Writer, fill_quotas, kinds_prompts, normalise, self_prompts
-from draftheads.data.standard_sets import HUB_SETS, hub_source, is_standard_set, standard_prompts
+from draftheads.data.standard_sets import is_standard_set, standard_prompts
 from draftheads.data.task_kinds import Writers
 
 
@@ -29,24 +29,9 @@ def load_source(src, skipped: collections.Counter | None = None) -> list[Prompt]
         return humaneval_prompts(src.limit)
     if src.source in EVAL_SETS:
         return task_prompts(src.limit, src.source)
-    if src.source in HUB_SETS:
-        return hub_set_prompts(src.source, src.limit, skipped)
     if is_standard_set(src.source):
         return standard_prompts(src.source, src.limit)
     return load_table_source(src, skipped)
-
-
-def hub_set_prompts(name: str, limit: int | None, skipped: collections.Counter) -> list[Prompt]:
-    """A standard set that no package ships, from the hub, labelled with its standard name."""
-    source = hub_source(name, limit)
-    try:
-        prompts = load_table_source(source, skipped)
-    except DraftheadsError as e:
-        raise DraftheadsError(f"'{name}' is shipped by no package on the registry and is read from the hub "
-                              f"({source.source}, split {source.split}), which failed: {e}") from None
-    for prompt in prompts:
-        prompt.source = name
-    return prompts
 
 
 def collect_prompts(data, write: Writer | None = None, have: list[Prompt] = (),

@@ -35,8 +35,8 @@ def check_prompts(prompts: str, limit: int | None, max_new_tokens: int) -> None:
 class EvalConfig:
     """Acceptance evaluation (`draftheads eval`)."""
 
-    prompts: str = flag("humaneval", "'humaneval', 'mt-bench' (80 two-turn questions, 8 categories), 'gsm8k' and "
-                                     "'math-500' (from the hub), 'tasks' (the bundled set of 8 task kinds), 'long' (22 "
+    prompts: str = flag("humaneval", "'humaneval', 'mt-bench' (80 two-turn questions, 8 categories), 'gsm8k' (test, "
+                                     "1,319), 'math-500', 'tasks' (the bundled set of 8 task kinds), 'long' (22 "
                                      "passage prompts, 120-1,830 tokens), a local file, or a hub dataset", "--prompts")
     limit: int | None = flag(20, "evaluate on at most this many prompts", "--limit")
     preset: str | None = flag(None, "the field's reporting settings: specbundle-4 (chain of 3), specbundle-8 (chain of "
