@@ -15,6 +15,7 @@ import typing
 
 import yaml
 
+from draftheads.core.config import convert, load_yaml
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.version import __version__
 from draftheads.evaluation.presets import PRESETS
@@ -42,12 +43,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args) or 0
     except DraftheadsError as e:
+        _close_progress_bars()
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        _close_progress_bars()
         print("interrupted; run the same command again to resume where it stopped (the last checkpoint or data shard)",
               file=sys.stderr)
         return 130
+
+
+def _close_progress_bars() -> None:
+    """Close every progress bar still drawn, innermost first: a line printed while one is drawn would land on the
+    bar's line, and the bar would be redrawn over it. A closed bar leaves the cursor at the start of a line."""
+    tqdm = sys.modules.get("tqdm")   # no tqdm imported, no bar drawn (and --help stays light)
+    if tqdm is None:
+        return
+    for bar in sorted(list(tqdm.tqdm._instances), key=lambda bar: -abs(getattr(bar, "pos", 0))):
+        bar.close()
+    sys.stdout.flush()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--old-target", default=None, help="the target it was trained for (default: its config.json's)")
     p.add_argument("--data", default=None, help="rows the old target wrote, to measure the shift on (default: the "
                                                 "drafter's training data)")
-    p.add_argument("--rows", type=int, default=64, help="rows the shift is measured on (default: 64)")
+    p.add_argument("--rows", default=None, help="rows the shift is measured on (default: 64)")
     p.add_argument("--old-report", default=None, help="an earlier eval of the drafter on the old target with the same "
                                                       "settings, instead of measuring it again")
     _prompt_args(p)
@@ -123,12 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
                                              "(LoRA or full), or its GGUF requantized")
     p.add_argument("data", nargs="?", help="a `draftheads data` folder the target wrote (not for --requantize)")
     p.add_argument("--out", required=True, help="the updated target's folder (a .gguf file with --requantize)")
-    p.add_argument("--method", default="lora", choices=["lora", "full"])
-    p.add_argument("--steps", type=int, default=60, help="optimizer steps: the strength of the update")
-    p.add_argument("--lr", type=float, default=None, help="learning rate (default 2e-4 lora, 2e-5 full)")
-    p.add_argument("--rank", type=int, default=16, help="LoRA rank")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--base", default="smollm2-135m", help="the target to update (default: smollm2-135m)")
+    # numbers and defaults are UpdateConfig's, checked there (as every flag that sets a setting)
+    p.add_argument("--method", default=None, choices=["lora", "full"], help="(default: lora)")
+    p.add_argument("--steps", default=None, help="optimizer steps: the strength of the update (default: 60)")
+    p.add_argument("--lr", default=None, help="learning rate (default 2e-4 lora, 2e-5 full)")
+    p.add_argument("--rank", default=None, help="LoRA rank (default: 16)")
+    p.add_argument("--batch-size", default=None, help="rows per step (default: 8)")
+    p.add_argument("--base", default=None, help="the target to update (default: smollm2-135m)")
     p.add_argument("--gguf", default=None, choices=["f32", "f16", "bf16", "q8_0"],
                    help="also write the update as a GGUF file of this type in --out, for llama.cpp")
     p.add_argument("--requantize", default=None, choices=["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"],
@@ -138,12 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("monitor", help="watch a serving engine's draft acceptance (its /metrics) and say when the "
                                        "drafter needs retraining")
     p.add_argument("url", help="the server, e.g. http://127.0.0.1:8080 (llama-server started with --metrics, or vLLM)")
-    p.add_argument("--baseline", type=float, required=True,
+    p.add_argument("--baseline", required=True,
                    help="acceptance rate (accepted / drafted tokens) measured when the drafter was deployed")
-    p.add_argument("--tolerance", type=float, default=0.15, help="relative drop that calls for retraining")
-    p.add_argument("--window", type=int, default=20, help="polls the rate is taken over")
-    p.add_argument("--interval", type=float, default=30.0, help="seconds between polls")
-    p.add_argument("--polls", type=int, default=None, help="stop after this many polls (default: never)")
+    p.add_argument("--tolerance", default=None, help="relative drop that calls for retraining (default: 0.15)")
+    p.add_argument("--window", default=None, help="polls the rate is taken over (default: 20)")
+    p.add_argument("--interval", default=None, help="seconds between polls (default: 30)")
+    p.add_argument("--polls", default=None, help="stop after this many polls (default: never)")
     p.set_defaults(handler=cmd_monitor, parser=p)
 
     p = sub.add_parser("profile", help="time the target's verify forwards and the drafters' costs on this machine")
@@ -162,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace a previous export of the same format in --out")
     p.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp32"],
                    help="cast the weights (default: as saved, fp32 master weights)")
-    p.add_argument("--speculative-tokens", type=int, default=None,
+    p.add_argument("--speculative-tokens", default=None,
                    help="draft length written where the engine's config takes one (default: the length it was "
                         "trained for)")
     p.set_defaults(handler=cmd_export, parser=p)
@@ -291,12 +306,13 @@ def cmd_eval(args) -> int:
 
 
 def cmd_drift(args) -> int:
-    from draftheads.evaluation.drift import run_drift
+    from draftheads.evaluation.drift import DriftConfig, run_drift
     from draftheads.evaluation.eval_config import EvalConfig
     from draftheads.evaluation.saved_runs import saved_eval_settings
 
+    rows = _from_flags(DriftConfig, args).rows
     config = _with_flags(saved_eval_settings([args.drafter]), EvalConfig, args)
-    run_drift(args.drafter, args.target, config, old_target=args.old_target, data=args.data, rows=args.rows,
+    run_drift(args.drafter, args.target, config, old_target=args.old_target, data=args.data, rows=rows,
               out=args.out, old_report=args.old_report)
     return 0
 
@@ -308,18 +324,17 @@ def cmd_update_target(args) -> int:
     from draftheads.interop.gguf_targets import convert_to_gguf, requantize_gguf
     from draftheads.training.target_update import UpdateConfig, update_target
 
+    config = _from_flags(UpdateConfig, args)   # every flag checked, --requantize or not
     if args.requantize:
-        source = embedded_gguf(args.base) if args.base in ALIASES else Path(args.base)
+        source = embedded_gguf(config.base) if config.base in ALIASES else Path(config.base)
         if source.suffix != ".gguf" or not source.is_file():
             raise DraftheadsError(f"--requantize needs a GGUF target; give --base a .gguf file or "
-                                  f"{', '.join(ALIASES)} (got '{args.base}')")
+                                  f"{', '.join(ALIASES)} (got '{config.base}')")
         out = requantize_gguf(source, Path(args.out), args.requantize)
         print(f"draftheads update-target: {source.name} requantized to {args.requantize}: {out}")
         return 0
     if not args.data:
         args.parser.error("give the DATA folder to fine-tune on (or --requantize TYPE)")
-    config = UpdateConfig(method=args.method, steps=args.steps, lr=args.lr, rank=args.rank,
-                          batch_size=args.batch_size, base=args.base)
     folder = update_target(args.data, args.out, config)
     if args.gguf:
         gguf = convert_to_gguf(folder, folder / f"model-{args.gguf}.gguf", args.gguf)
@@ -329,11 +344,11 @@ def cmd_update_target(args) -> int:
 
 def cmd_monitor(args) -> int:
     """Exit status 3 when the rule fired: a script or a scheduler can start the retraining on it."""
-    from draftheads.evaluation.acceptance_monitor import RetrainRule, watch
+    from draftheads.evaluation.acceptance_monitor import MonitorConfig, RetrainRule, watch
 
-    rule = RetrainRule(baseline=args.baseline, tolerance=args.tolerance, window=args.window,
-                       min_observations=min(8, args.window))
-    monitor = watch(args.url, rule, interval_s=args.interval, polls=args.polls, stop_when_fired=True)
+    rule = _from_flags(RetrainRule, args)
+    polling = _from_flags(MonitorConfig, args)
+    monitor = watch(args.url, rule, interval_s=polling.interval, polls=polling.polls, stop_when_fired=True)
     if monitor.fired_at is not None:
         print(f"draftheads monitor: retrain: acceptance fell below {rule.threshold:.3f} (poll {monitor.fired_at})")
         return 3
@@ -353,28 +368,35 @@ def cmd_engine_eval(args) -> int:
 
 
 def _with_flags(base, config_class, args):
-    """`base` with the settings given as flags: each flag's text typed as the setting is (comma-separated for lists),
-    then checked by the config class, the one place its values are checked."""
-    from draftheads.core.config import convert
-    from draftheads.evaluation.eval_config import cli_flags
+    """`base` with the settings given as flags, checked by the config class, the one place its values are checked."""
+    return dataclasses.replace(base, **_flag_values(config_class, args))
 
+
+def _from_flags(config_class, args):
+    """`config_class` built from the settings given as flags (its defaults for the rest), checked by itself."""
+    return config_class(**_flag_values(config_class, args))
+
+
+def _flag_values(config_class, args) -> dict:
+    """Setting name -> the value of its flag (the field's metadata names it), for the flags given: each flag's text
+    typed as the setting is (comma-separated for lists), as a recipe value would be."""
     hints = typing.get_type_hints(config_class)
     given = {}
-    for name, flag in cli_flags(config_class).items():
-        value = getattr(args, name, None)
-        if value is not None:
-            given[name] = convert(_typed(value, hints[name]), hints[name], flag)
-    return dataclasses.replace(base, **given)
+    for f in dataclasses.fields(config_class):
+        flag, value = f.metadata.get("flag"), getattr(args, f.name, None)
+        if flag and value is not None:
+            given[f.name] = convert(_typed(value, hints[f.name], flag), hints[f.name], flag)
+    return given
 
 
-def _typed(value, hint):
+def _typed(value, hint, flag: str):
     """A flag's text as YAML reads it (a list from comma-separated items); text stays text where the setting
     takes it."""
     if not isinstance(value, str):
         return value
     args = typing.get_args(hint)
     if typing.get_origin(hint) is list:
-        return [item if args[0] is str else yaml.safe_load(item) for item in _split(value)]
+        return [item if args[0] is str else _yaml(item, flag) for item in _split(value)]
     if typing.get_origin(hint) is typing.Literal:
         return value   # checked against its options, with a suggestion
     options = [a for a in args if a is not type(None)]
@@ -382,7 +404,16 @@ def _typed(value, hint):
     named = {option for literal in literals for option in typing.get_args(literal)}
     # text where the setting takes text, or names one of its options ('auto' of `int | Literal["auto"]`)
     takes_text = hint is str or str in args or value in named or (literals and len(literals) == len(options))
-    return value if takes_text else yaml.safe_load(value)
+    return value if takes_text else _yaml(value, flag)
+
+
+def _yaml(text: str, flag: str):
+    """Text as YAML reads it (a yes/no read as a boolean noted); what YAML cannot read ('[1') stays text, for the
+    setting's type to refuse in one line."""
+    try:
+        return load_yaml(text, flag)
+    except yaml.YAMLError:
+        return text
 
 
 def cmd_profile(args) -> int:
@@ -393,10 +424,11 @@ def cmd_profile(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from draftheads.interop.export import export_drafter
+    from draftheads.interop.export import ExportConfig, export_drafter
 
+    settings = _from_flags(ExportConfig, args)
     folder = export_drafter(args.source, args.format, args.out, target=args.target, overwrite=args.overwrite,
-                            dtype=args.dtype, speculative_tokens=args.speculative_tokens)
+                            dtype=args.dtype, speculative_tokens=settings.speculative_tokens)
     print(f"exported {args.source} as {args.format} to {folder}")
     return 0
 

@@ -20,9 +20,9 @@ import json
 import time
 from pathlib import Path
 
-import yaml
 from accelerate.state import AcceleratorState, GradientState
 
+from draftheads.core.config import load_yaml
 from draftheads.core.errors import DraftheadsError
 from draftheads.data.datagen import run_data
 from draftheads.data.target import load_target
@@ -74,9 +74,10 @@ def run_demo(out: str = "runs/demo", *, heads=("eagle",), target_model=None, com
 def demo_recipe(out: Path, overrides: dict):
     """The bundled demo recipe with `overrides` applied and its data and run folders placed under `out`."""
     text, source = read_recipe_text(RECIPE)
-    data = yaml.safe_load(text)
+    data = load_yaml(text)
     for key, value in overrides.items():
-        set_dotted(data, key.replace("__", "."), yaml.safe_load(value) if isinstance(value, str) else value)
+        key = key.replace("__", ".")
+        set_dotted(data, key, load_yaml(value, key) if isinstance(value, str) else value)
     data.setdefault("data", {})["output"] = str(out / "data")
     data.setdefault("train", {})["output_dir"] = str(out / data["head"]["type"])
     return recipe_from_dict(data, source)

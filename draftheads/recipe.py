@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from draftheads.core.config import build, check, defaults, suggest, to_dict
+from draftheads.core.config import build, check, defaults, load_yaml, suggest, to_dict
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import text_config
 from draftheads.data.datagen import DataConfig
@@ -104,7 +104,7 @@ def load_recipe(name_or_path: str, overrides: list[str] = ()) -> Recipe:
     """Load, override (`section.key=value`) and validate a recipe."""
     text, source = read_recipe_text(name_or_path)
     try:
-        data = yaml.safe_load(text) or {}
+        data = load_yaml(text) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
@@ -118,7 +118,7 @@ def load_recipe(name_or_path: str, overrides: list[str] = ()) -> Recipe:
 
 
 def apply_override(data: dict, item: str) -> None:
-    """Set `a.b.c=value` in the nested dict; the value is parsed as YAML."""
+    """Set `a.b.c=value` in the nested dict; the value is parsed as YAML (a yes/no read as a boolean noted)."""
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise DraftheadsError(f"override '{item}' must look like section.key=value, e.g. train.lr=1e-4")
@@ -129,7 +129,7 @@ def apply_override(data: dict, item: str) -> None:
         if not isinstance(node, dict):
             raise DraftheadsError(f"override '{item}': '{part}' is not a section")
     try:
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+        node[parts[-1]] = load_yaml(raw, key.strip()) if raw.strip() else None
     except yaml.YAMLError:
         node[parts[-1]] = raw
 

@@ -8,11 +8,13 @@ result.
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +33,8 @@ class Case:
     name: str
     args: list[str]  # after `draftheads`, with {w} the shared fixtures' folder and {c} the case's
     expect: str  # in the last line of stderr
-    setup: Callable[[Path, Path], None] | None = None  # (world, case folder) -> files the case needs
+    setup: Callable[[Path, Path], dict | None] | None = None  # (world, case folder) -> files the case needs (and
+                                                              # any more names its args use, e.g. {url})
     command: list[str] | None = None  # instead of `python -m draftheads` (accelerate launch --quiet: exit 1, no
                                       # traceback of its own)
     env: dict = field(default_factory=dict)
@@ -79,6 +82,14 @@ def zero_loss_mask(w, c):
     rows.map(lambda r: {"loss_mask": [0] * len(r["loss_mask"])}, keep_in_memory=True).save_to_disk(str(c / "data"))
 
 
+def first_row_unanswered(w, c):
+    from datasets import load_from_disk
+
+    rows = load_from_disk(str(w / "data"), keep_in_memory=True)
+    rows.map(lambda r, i: {"loss_mask": [0] * len(r["loss_mask"]) if i == 0 else r["loss_mask"]}, with_indices=True,
+             keep_in_memory=True).save_to_disk(str(c / "data"))
+
+
 def killed_data_folder(w, c):
     (c / "data" / "shards").mkdir(parents=True)
     (c / "data" / "prompts.jsonl").write_text('{"turns": ["hi"]}\n')
@@ -123,12 +134,43 @@ def bad_yaml(w, c):
     (c / "bad.yaml").write_text("target: {name: [\n")
 
 
+class Metrics(http.server.BaseHTTPRequestHandler):
+    """A server's /metrics, answering every poll with the class's `body`."""
+
+    body = b""
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+def serving(drafted: bytes, accepted: bytes = b"1"):
+    """A setup that starts a local server whose /metrics holds these counter values, for the case's whole run (a
+    daemon thread); the case's args name it {url}."""
+    body = (b"llamacpp:spec_decode_num_draft_tokens_total " + drafted + b"\n"
+            b"llamacpp:spec_decode_num_accepted_tokens_total " + accepted + b"\n")
+
+    def setup(w, c):
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("Served", (Metrics,), {"body": body}))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return {"url": f"http://127.0.0.1:{server.server_address[1]}"}
+
+    return setup
+
+
 TRAIN = ["train", "{w}/recipe.yaml", "train.output_dir={c}/run"]
 EVAL = ["eval", "{w}/runs/medusa", "--prompts", "{w}/prompts.jsonl", "--limit", "1", "--max-new-tokens", "4"]
 ENGINE_EVAL = ["engine", "eval", "llama.cpp", "{w}/runs/medusa", "--prompts", "{w}/prompts.jsonl", "--limit", "1",
                "--max-new-tokens", "4"]
 EXPORT = ["export", "{w}/runs/medusa", "--target", "{w}/target"]
 DATA = ["data", "{w}/recipe.yaml", "data.output={c}/data", "data.num_prompts=2"]
+MONITOR = ["monitor", "{url}", "--baseline", "0.5", "--polls", "1", "--interval", "0"]
+DRIFT = ["drift", "{w}/runs/medusa", "--target", "{w}/target", "--limit", "1", "--max-new-tokens", "4"]
 
 CASES = [
     # recipes and overrides
@@ -241,6 +283,22 @@ CASES = [
     Case("data-malformed-prompts", [*DATA, "data.prompts=[{{source: {c}/prompts.jsonl}}]"], "line 3", bad_prompts),
     Case("data-no-chat-template", [*DATA, "target.name={w}/notemplate"], "no chat template"),
     Case("data-output-is-a-file", [*DATA, "data.output={c}/afile"], "is a file", a_file),
+    # monitor, numeric flags (issue 52)
+    Case("monitor-undecodable-counter", MONITOR, "is '\ufffd\ufffd', not a number", serving(b"\xff\xfe")),
+    Case("monitor-malformed-counter", MONITOR, "is '1.2.3', not a number", serving(b"1.2.3")),
+    Case("monitor-infinite-counter", MONITOR, "is 1e999, not a count of tokens", serving(b"1e999")),
+    Case("monitor-negative-interval", [*MONITOR, "--interval", "-1"], "--interval must be seconds in [0, 86400]",
+         serving(b"40", b"24")),
+    Case("monitor-zero-polls", [*MONITOR, "--polls", "0"], "--polls must be a whole number >= 1",
+         serving(b"40", b"24")),
+    Case("drift-zero-rows", [*DRIFT, "--rows", "0"], "drift --rows must be a whole number >= 1"),
+    Case("drift-no-answer-positions", [*DRIFT, "--data", "{c}/data", "--rows", "1"], "hold no answer tokens",
+         first_row_unanswered),
+    Case("update-target-infinite-lr", ["update-target", "{w}/data", "--out", "{c}/out", "--base", "{w}/target",
+                                       "--steps", "1", "--lr", "inf"], "(--lr) must be a finite number > 0"),
+    Case("export-fractional-speculative-tokens", [*EXPORT, "--format", "vllm", "--out", "{c}/out",
+                                                  "--speculative-tokens", "2.5"],
+         "--speculative-tokens: expected int, got float 2.5"),
 ]
 
 
@@ -296,9 +354,8 @@ def results(world, tmp_path_factory):
     def run(case: Case):
         folder = cases_root / case.name
         folder.mkdir()
-        if case.setup:
-            case.setup(world, folder)
-        args = [a.format(w=world, c=folder) for a in case.args]
+        names = (case.setup(world, folder) if case.setup else None) or {}
+        args = [a.format(w=world, c=folder, **names) for a in case.args]
         before = (snapshot(world), snapshot(folder))
         # nothing may be fetched: no hub, no package index (the embedded target would be pip-downloaded)
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",

@@ -205,3 +205,107 @@ def test_a_sub_command_error_prints_that_sub_commands_usage(capsys):
     err = capsys.readouterr().err
     assert ("usage: draftheads export" in err
             and err.splitlines()[-1].startswith("error: unrecognized arguments: --bogus;"))
+
+
+DRIFT = ["drift", "run", "--target", "t"]
+MONITOR = ["monitor", "http://127.0.0.1:9", "--baseline", "0.5"]
+UPDATE = ["update-target", "data", "--out", "o"]
+EXPORT = ["export", "run", "--format", "vllm", "--out", "o"]
+
+
+@pytest.mark.parametrize("args, expected", [
+    ([*DRIFT, "--rows", "0"], "drift --rows must be a whole number >= 1"),
+    ([*DRIFT, "--rows", "-3"], "drift --rows must be a whole number >= 1"),
+    ([*DRIFT, "--rows", "2.5"], "--rows: expected int, got float 2.5; give a whole number"),
+    ([*DRIFT, "--rows", "many"], "--rows: expected int, got str 'many'"),
+    ([*DRIFT, "--rows", "[1"], "--rows: expected int, got str '[1'"),
+    ([*MONITOR, "--interval", "-1"], "--interval must be seconds in [0, 86400], got -1.0"),
+    ([*MONITOR, "--interval", "nan"], "--interval must be seconds in [0, 86400], got nan"),
+    ([*MONITOR, "--interval", "1e999"], "--interval must be seconds in [0, 86400], got inf"),
+    ([*MONITOR, "--polls", "0"], "--polls must be a whole number >= 1"),
+    ([*MONITOR, "--window", "1"], "(--window), got 1"),
+    ([*MONITOR, "--window", "1e3"], "--window: expected int"),
+    ([*MONITOR[:-1], "inf"], "(--baseline), got inf"),
+    ([*MONITOR, "--tolerance", "nan"], "(--tolerance), got nan"),
+    ([*UPDATE, "--steps", "0"], "update steps (--steps) must be a whole number >= 1"),
+    ([*UPDATE, "--lr", "nan"], "update lr (--lr) must be a finite number > 0, got nan"),
+    ([*UPDATE, "--lr", "inf"], "update lr (--lr) must be a finite number > 0, got inf"),
+    ([*UPDATE, "--lr=-1e-4"], "update lr (--lr) must be a finite number > 0"),
+    ([*UPDATE, "--rank", "0"], "update rank (--rank) must be a whole number >= 1"),
+    ([*UPDATE, "--batch-size", "0"], "update batch_size (--batch-size) must be a whole number >= 1"),
+    ([*UPDATE, "--requantize", "q4_0", "--steps", "-1"], "(--steps) must be a whole number >= 1"),
+    ([*EXPORT, "--speculative-tokens", "0"], "--speculative-tokens must be a whole number >= 1"),
+    ([*EXPORT, "--speculative-tokens", "3.5"], "--speculative-tokens: expected int, got float 3.5"),
+])
+def test_every_numeric_flag_is_checked_as_its_setting_before_any_work(args, expected, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and expected in err and "\n" not in err and ("; " in err or " must " in err)
+
+
+def test_a_setting_s_flag_has_its_default_in_the_settings_class_alone():
+    """Each flag that sets a field is declared once on the parser, with no default or type of its own: the
+    dataclass holds the default and the check, so the two cannot drift apart."""
+    import argparse
+
+    from draftheads.cli import build_parser
+    from draftheads.evaluation.acceptance_monitor import MonitorConfig, RetrainRule
+    from draftheads.evaluation.drift import DriftConfig
+    from draftheads.evaluation.eval_config import EngineEvalConfig, EvalConfig
+    from draftheads.interop.export import ExportConfig
+    from draftheads.training.target_update import UpdateConfig
+
+    def commands(parser):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield name, sub
+                    yield from commands(sub)
+
+    classes = {"eval": [EvalConfig], "drift": [EvalConfig, DriftConfig], "monitor": [RetrainRule, MonitorConfig],
+               "update-target": [UpdateConfig], "export": [ExportConfig]}
+    parsers = dict(commands(build_parser()))
+    parsers["engine eval"] = dict(commands(parsers["engine"]))["eval"]
+    classes["engine eval"] = [EngineEvalConfig]
+    for command, settings in classes.items():
+        actions = {a.dest: a for a in parsers[command]._actions}
+        for cls in settings:
+            for f in dataclasses.fields(cls):
+                flag = f.metadata.get("flag")
+                if flag and f.name in actions:
+                    action = actions[f.name]
+                    assert flag in action.option_strings, (command, f.name)
+                    assert action.default is None and action.type is None, (command, flag)
+
+
+def test_a_yes_given_to_a_flag_is_noted_before_it_is_refused(capsys):
+    assert main([*DRIFT, "--rows", "yes"]) == 2
+    err = capsys.readouterr().err
+    assert "note: --rows: 'yes' read as true (YAML 1.1)" in err
+    assert err.strip().splitlines()[-1] == "error: --rows: expected int, got bool True; give a whole number"
+
+
+def test_an_error_lands_on_its_own_line_with_no_progress_bar_drawn_after_it(monkeypatch, capsys):
+    """A bar still drawn when an error ends the command would leave the error on its line, and draw over it."""
+    import sys
+
+    from tqdm.auto import tqdm
+
+    from draftheads import cli
+    from draftheads.core.errors import DraftheadsError
+
+    def fails_mid_bar(args):
+        outer, inner = tqdm(total=10, file=sys.stderr, mininterval=0), tqdm(total=5, file=sys.stderr, mininterval=0)
+        outer.update(3)
+        inner.update(1)
+        raise DraftheadsError("the data ran out; give more")
+
+    monkeypatch.setattr(cli, "cmd_recipe_list", fails_mid_bar)
+    assert main(["recipe", "list"]) == 2
+    import gc
+
+    gc.collect()   # a bar left open would draw itself once more when collected
+    err = capsys.readouterr().err
+    before, line, after = err.rpartition("error: the data ran out; give more")
+    assert line and after == "\n" and (before == "" or before.endswith(("\n", "\r")))
+    assert "3/10" in before and not tqdm._instances

@@ -63,3 +63,9 @@ def test_demo_recipe_is_bundled_and_overrides_apply(tmp_path):
 def test_demo_rejects_unknown_heads(tmp_path):
     with pytest.raises(DraftheadsError, match="choose from eagle, medusa, mtp"):
         run_demo(str(tmp_path), heads=("hydra",))
+
+
+def test_a_demo_override_read_as_a_yaml_1_1_boolean_is_noted(tmp_path, capsys):
+    recipe = demo_recipe(tmp_path, {"target__trust_remote_code": "off"})
+    assert recipe.target.trust_remote_code is False
+    assert "note: target.trust_remote_code: 'off' read as false (YAML 1.1)" in capsys.readouterr().err

@@ -119,3 +119,33 @@ def test_unknown_recipe_and_bad_files(tmp_path):
     bad.write_text("target: [unclosed\n")
     with pytest.raises(DraftheadsError, match="not valid YAML at line"):
         load_recipe(str(bad))
+
+
+@pytest.mark.parametrize("written, value", [("yes", True), ("On", True), ("OFF", False), ("no", False)])
+def test_yaml_1_1_booleans_are_noted_with_their_key_and_kept(written, value, tmp_path, capsys):
+    """PyYAML reads yes/no/on/off as booleans (YAML 1.1): the value stands, but never without a word."""
+    recipe = load_recipe("medusa-smollm2", [f"target.trust_remote_code={written}"])
+    assert recipe.target.trust_remote_code is value
+    low = str(value).lower()
+    assert (f"note: target.trust_remote_code: '{written}' read as {low} (YAML 1.1); write {low}"
+            in capsys.readouterr().err)
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(f"name: mine\ntarget: {{trust_remote_code: {written}}}\nhead: {{type: medusa}}\n")
+    assert load_recipe(str(mine)).target.trust_remote_code is value
+    assert f"note: target.trust_remote_code: '{written}'" in capsys.readouterr().err
+
+
+def test_true_false_and_quoted_words_need_no_note(capsys):
+    recipe = load_recipe("medusa-smollm2", ["target.trust_remote_code=true", "target.trust_remote_code=False",
+                                            "name='yes'"])
+    assert recipe.target.trust_remote_code is False and recipe.name == "yes"
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_a_yes_in_a_list_or_as_a_key_is_named_where_it_is():
+    from draftheads.core.config import load_yaml
+
+    said = []
+    assert load_yaml("a: [1, no]\non: 2\n", note=said.append) == {"a": [1, False], True: 2}
+    assert said == ["note: a[1]: 'no' read as false (YAML 1.1); write false, or \"no\" in quotes to keep the word",
+                    "note: on (a key): 'on' read as true (YAML 1.1); write true, or \"on\" in quotes to keep the word"]

@@ -3,18 +3,24 @@
 `build(cls, data, where)` turns a mapping into a dataclass, rejecting unknown keys
 with a "did you mean" suggestion and wrong types with a one-line error; each class
 checks its own values in `__post_init__` with `check(...)`. Fields carry their docs
-in `metadata["doc"]` (see `doc(...)`), so `recipe show` can explain them.
+in `metadata["doc"]` (see `doc(...)`), so `recipe show` can explain them. `load_yaml` reads what a person
+wrote (a recipe, an override, a flag) and says where YAML 1.1 turned a word into a boolean.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import sys
 import types
 import typing
-from typing import Any, Literal, Union
+from typing import Any, Callable, Literal, Union
+
+import yaml
 
 from draftheads.core.errors import DraftheadsError
+
+BOOL_TAG = "tag:yaml.org,2002:bool"
 
 
 def doc(default: Any, text: str, **more: Any) -> Any:
@@ -150,3 +156,44 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: to_dict(v) for k, v in obj.items()}
     return obj
+
+
+def load_yaml(text: str, where: str = "", note: Callable[[str], None] | None = None) -> Any:
+    """`text` as yaml.safe_load reads it; each yes/no/on/off (any case) it read as a boolean is noted (on stderr),
+    naming its key under `where`: YAML 1.2 and most people read them as words, PyYAML's YAML 1.1 as true/false.
+    The value stays what PyYAML made of it. Raises yaml.YAMLError as safe_load does."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()
+    for key, written in yaml_11_booleans(node, where):
+        value = str(yaml.safe_load(written)).lower()
+        (note or _stderr)(f"note: {key or 'the value'}: '{written}' read as {value} (YAML 1.1); write {value}, or "
+                          f"\"{written}\" in quotes to keep the word")
+    return data
+
+
+def yaml_11_booleans(node: Any, path: str, seen: set | None = None) -> typing.Iterator[tuple[str, str]]:
+    """(dotted key, as written) of each boolean under `node` spelled other than true/false, keys included."""
+    seen = set() if seen is None else seen
+    if node is None or id(node) in seen:   # an alias points back at a node already walked
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.ScalarNode):
+        if node.tag == BOOL_TAG and node.value.lower() not in ("true", "false"):
+            yield path, node.value
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            yield from yaml_11_booleans(item, f"{path}[{i}]", seen)
+    elif isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            written = key.value if isinstance(key, yaml.ScalarNode) else "?"   # a list as a key: no name
+            name = f"{path}.{written}" if path else str(written)
+            yield from yaml_11_booleans(key, f"{name} (a key)", seen)
+            yield from yaml_11_booleans(value, name, seen)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)

@@ -18,15 +18,21 @@ its one-sided 5% allows per check, while a real drop past the tolerance fires on
 Counters are read from the Prometheus text a server's /metrics serves: llama-server (started with --metrics)
 names them `llamacpp:spec_decode_num_draft_tokens_total` and `..._accepted_tokens_total`, vLLM
 `vllm:spec_decode_num_draft_tokens_total` and `..._accepted_tokens_total`; the suffix is matched, every label
-summed.
+summed. What a server sends is checked, not trusted: the first poll must read cleanly (a wrong address or a broken
+exporter stops the monitor in one line), a later poll that reads nothing usable (the server unreachable, a counter
+that is not a number, not finite, negative) is skipped with a note, said once per kind, and two in a row stop it.
+Counters that went back mean the server restarted: the interval counts what it counted since, as Prometheus' rate()
+takes a counter reset.
 """
 
 from __future__ import annotations
 
+import http.client
 import math
 import re
+import sys
 import time
-import urllib.error
+import urllib.parse
 import urllib.request
 from collections import deque
 from dataclasses import dataclass
@@ -38,27 +44,57 @@ from draftheads.interop.llama_server import LlamaServer
 DRAFTED = "spec_decode_num_draft_tokens_total"
 ACCEPTED = "spec_decode_num_accepted_tokens_total"
 Z_95 = 1.645   # one-sided
+# A float64 counter counts whole tokens exactly only below 2^53: past it the difference of two polls means nothing.
+MAX_COUNT = 2.0 ** 53
+# One bad scrape (a restart, a proxy's error page) is skipped; a second in a row means the server keeps sending it,
+# and a monitor that silently measures nothing is worse than one that stops.
+BAD_POLLS_IN_A_ROW = 2
+MAX_INTERVAL_S = 86400.0   # time.sleep overflows on huge values; a day between polls watches nothing
+FIX_METRICS = "fix the server's metrics, or watch another server"
 
 
 @dataclass
 class RetrainRule:
     """When a served drafter should be retrained."""
 
-    baseline: float = doc(0.0, "acceptance rate (accepted / drafted tokens) measured when the drafter was deployed")
-    tolerance: float = doc(0.15, "relative drop that calls for retraining: fire below baseline x (1 - tolerance)")
-    window: int = doc(20, "observations (requests or polls) the rate is taken over")
-    min_observations: int = doc(8, "observations before the rule may fire")
+    baseline: float = doc(0.0, "acceptance rate (accepted / drafted tokens) measured when the drafter was deployed",
+                          flag="--baseline")
+    tolerance: float = doc(0.15, "relative drop that calls for retraining: fire below baseline x (1 - tolerance)",
+                           flag="--tolerance")
+    window: int = doc(20, "observations (requests or polls) the rate is taken over", flag="--window")
+    min_observations: int | None = doc(None, "observations before the rule may fire (default: 8, or the window when "
+                                             "smaller)")
 
     def __post_init__(self):
-        check(0 < self.baseline <= 1, f"the baseline acceptance rate must be in (0, 1], got {self.baseline}")
-        check(0 < self.tolerance < 1, f"the tolerance must be in (0, 1), got {self.tolerance}")
-        check(self.window >= 2, f"the window must hold at least 2 observations, got {self.window}")
+        # comparisons that NaN fails: a NaN or infinite flag is refused here too
+        check(0 < self.baseline <= 1, f"the baseline acceptance rate must be in (0, 1] (--baseline), got "
+                                      f"{self.baseline}; give the rate measured at deployment, e.g. 0.62")
+        check(0 < self.tolerance < 1, f"the tolerance must be in (0, 1) (--tolerance), got {self.tolerance}; e.g. 0.15 "
+                                      "fires 15% below the baseline")
+        check(self.window >= 2, f"the window must hold at least 2 observations (--window), got {self.window}; e.g. 20")
+        if self.min_observations is None:
+            self.min_observations = min(8, self.window)
         check(1 <= self.min_observations <= self.window,
               f"min_observations must be in [1, window={self.window}], got {self.min_observations}")
 
     @property
     def threshold(self) -> float:
         return self.baseline * (1 - self.tolerance)
+
+
+@dataclass
+class MonitorConfig:
+    """How `draftheads monitor` polls a server."""
+
+    interval: float = doc(30.0, "seconds between polls", flag="--interval")
+    polls: int | None = doc(None, "stop after this many polls (None: never)", flag="--polls")
+
+    def __post_init__(self):
+        check(0 <= self.interval <= MAX_INTERVAL_S,   # NaN fails it too
+              f"the monitor's --interval must be seconds in [0, {MAX_INTERVAL_S:.0f}], got {self.interval}; e.g. "
+              "--interval 30")
+        check(self.polls is None or self.polls >= 1, f"the monitor's --polls must be a whole number >= 1, got "
+                                                     f"{self.polls}; leave it out to poll until stopped")
 
 
 @dataclass(frozen=True)
@@ -115,47 +151,136 @@ def ratio_standard_error(observations: list[tuple[int, int]], rate: float) -> fl
     return math.sqrt(spread / n) / mean_drafted
 
 
-def read_counters(url: str) -> tuple[int, int]:
-    """(drafted, accepted) token counters from a server's /metrics (Prometheus text), summed over labels."""
+class BadPoll(DraftheadsError):
+    """A poll that read nothing usable: the server unreachable, or a counter that holds no count. `kind` groups the
+    notes (each said once); `problem` is what was read, the message adds what to do."""
+
+    def __init__(self, kind: str, problem: str, fix: str):
+        super().__init__(f"{problem}; {fix}")
+        self.kind, self.problem = kind, problem
+
+
+class Notes:
+    """Notes on stderr, each kind once per run: a bad counter every 30 s would otherwise flood the log."""
+
+    def __init__(self, write=lambda line: print(line, file=sys.stderr, flush=True)):
+        self.write, self.said = write, set()
+
+    def __call__(self, kind: str, text: str) -> None:
+        if kind not in self.said:
+            self.said.add(kind)
+            self.write(f"note: {text}")
+
+
+def metrics_url(url: str) -> str:
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as response:
-            text = response.read().decode()
-    except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-        raise DraftheadsError(f"cannot read {url}/metrics ({e}); is the server up, and started with --metrics "
-                              "(llama-server)?") from None
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:   # 'http://[::1': an unclosed IPv6 address
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+        raise DraftheadsError(f"'{url}' is not a server's address; give it as http://HOST:PORT, e.g. "
+                              "http://127.0.0.1:8080")
+    return url.rstrip("/") + "/metrics"
+
+
+def read_metrics(url: str, notes: Notes) -> str:
+    """The text of `url`'s /metrics; bytes that are not UTF-8 are replaced (noted), so only a counter they fall in
+    is lost."""
+    where = metrics_url(url)
+    try:
+        with urllib.request.urlopen(where, timeout=10) as response:
+            body = response.read()
+    except (OSError, http.client.HTTPException, ValueError) as e:   # URLError, refused, reset, cut short, bad port
+        raise BadPoll("unreachable", f"cannot read {where} ({e})", "is the server up, and started with --metrics "
+                      "(llama-server)?") from None
+    try:
+        return body.decode()
+    except UnicodeDecodeError as e:
+        notes("not utf-8", f"{where} is not UTF-8 text (byte {body[e.start]:#04x} at {e.start}); read with such "
+                           "bytes replaced, a counter they fall in makes its poll unusable")
+        return body.decode(errors="replace")
+
+
+def read_counters(url: str, notes: Notes | None = None) -> tuple[int, int]:
+    """(drafted, accepted) token counters from a server's /metrics (Prometheus text), summed over labels."""
+    text = read_metrics(url, notes or Notes())
     return counter(text, DRAFTED, url), counter(text, ACCEPTED, url)
 
 
 def counter(text: str, suffix: str, url: str) -> int:
-    pattern = re.compile(rf"^[\w:]*{suffix}(?:{{[^}}]*}})?\s+([0-9.eE+]+)\s*$", re.M)
-    values = pattern.findall(text)
-    if not values:
+    # name{labels} value [timestamp]; [ \t] so that a sample never runs on into the next line
+    pattern = re.compile(rf"^([\w:]*{suffix})(?:{{[^}}\n]*}})?[ \t]+(\S+)(?:[ \t]+\S+)?[ \t]*$", re.M)
+    samples = pattern.findall(text)
+    if not samples:
         raise DraftheadsError(f"{url}/metrics has no *{suffix} counter: the server drafts nothing (no drafter "
                               "loaded) or is not llama-server/vLLM")
-    return int(sum(float(v) for v in values))
+    total = sum(sample_value(name, value, url) for name, value in samples)
+    if total >= MAX_COUNT:
+        raise BadPoll("not a count", f"{url}/metrics: *{suffix} sums to {total:.4g}, not a count of tokens",
+                      FIX_METRICS)
+    return int(total)
+
+
+def sample_value(name: str, value: str, url: str) -> float:
+    """One sample's value: a finite count of tokens, or a BadPoll."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise BadPoll("not a number", f"{url}/metrics: {name} is {value!r}, not a number", FIX_METRICS) from None
+    if not 0 <= number < MAX_COUNT:   # NaN, +-Inf, negative, past float64's whole numbers
+        raise BadPoll("not a count", f"{url}/metrics: {name} is {value}, not a count of tokens (0 to 2^53)",
+                      FIX_METRICS)
+    return number
+
+
+def interval_counts(last: tuple[int, int], now: tuple[int, int], notes: Notes) -> tuple[int, int] | None:
+    """(drafted, accepted) between two polls, None when they cannot be told (noted). Counters that went back mean
+    the server restarted: what they hold now is what it counted since."""
+    drafted, accepted = now[0] - last[0], now[1] - last[1]
+    if drafted < 0 or accepted < 0:
+        notes("restart", f"the counters went back ({last[0]} -> {now[0]} drafted): the server restarted; this "
+                         "interval counts what it drafted since")
+        drafted, accepted = now
+    if accepted > drafted:
+        notes("inconsistent", f"an interval counted {accepted} accepted of {drafted} drafted tokens; such intervals "
+                              "are skipped")
+        return None
+    return drafted, accepted
 
 
 def watch(url: str, rule: RetrainRule, interval_s: float = 30.0, polls: int | None = None, stop_when_fired=False,
-          progress=print) -> AcceptanceMonitor:
+          progress=print, notes: Notes | None = None) -> AcceptanceMonitor:
     """Poll `url`'s counters every interval_s seconds; each interval in which the server drafted is one
     observation. Stops after `polls` polls (None: never) or, with stop_when_fired, when the rule fires."""
+    MonitorConfig(interval=interval_s, polls=polls)   # the checks --interval and --polls go through
+    notes = notes or Notes()
     monitor = AcceptanceMonitor(rule)
-    last = read_counters(url)
-    done = 0
+    last = read_counters(url, notes)   # the first poll must read cleanly: a wrong address stops here, in one line
+    done = bad = 0
     while polls is None or done < polls:
         time.sleep(interval_s)
-        now = read_counters(url)
-        drafted, accepted = now[0] - last[0], now[1] - last[1]
-        last, done = now, done + 1
-        if drafted < 0:   # the server restarted: its counters began again
+        done += 1
+        try:
+            now = read_counters(url, notes)
+        except BadPoll as e:
+            bad = skip_or_stop(e, bad + 1, notes)
             continue
-        if drafted == 0:
+        last, counts, bad = now, interval_counts(last, now, notes), 0
+        if counts is None or counts[0] == 0:   # nothing drafted: says nothing about the drafter
             continue
-        verdict = monitor.observe(drafted, accepted)
+        verdict = monitor.observe(*counts)
         progress(f"draftheads monitor: {verdict.line(rule)}")
         if verdict.retrain and stop_when_fired:
             break
     return monitor
+
+
+def skip_or_stop(bad_poll: BadPoll, in_a_row: int, notes: Notes) -> int:
+    """A poll that read nothing usable is skipped with a note; BAD_POLLS_IN_A_ROW of them stop the monitor."""
+    if in_a_row >= BAD_POLLS_IN_A_ROW:
+        raise DraftheadsError(f"{in_a_row} polls in a row read nothing usable, the last: {bad_poll}") from None
+    notes(bad_poll.kind, f"{bad_poll.problem}; the poll is skipped")
+    return in_a_row
 
 
 def serve_monitored(server_program, target_gguf, drafter_gguf, prompts: list[list[int]], rule: RetrainRule,

@@ -20,8 +20,10 @@ The old target is the one the drafter was trained for (its config.json), unless 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
+from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
 from draftheads.data.datastore import load_rows
 from draftheads.evaluation.drafter_specs import learned_paths, model_free
@@ -37,6 +39,17 @@ from draftheads.interop.native import resolve_drafter_folder
 SHIFT_ROWS = 64
 
 
+@dataclass
+class DriftConfig:
+    """What `draftheads drift` measures the target's shift on (its own settings; the evaluation's are EvalConfig)."""
+
+    rows: int = doc(SHIFT_ROWS, "rows of the old target's data the shift is measured on", flag="--rows")
+
+    def __post_init__(self):
+        check(self.rows >= 1, f"drift --rows must be a whole number >= 1 (rows the shift is measured on), got "
+                              f"{self.rows}; e.g. --rows {SHIFT_ROWS}")
+
+
 def run_drift(drafter: str, target: str, config: EvalConfig | None = None, *, old_target: str | None = None,
               data: str | None = None, rows: int = SHIFT_ROWS, out: str | None = None, old_report: str | None = None,
               targets=None) -> Path:
@@ -46,6 +59,7 @@ def run_drift(drafter: str, target: str, config: EvalConfig | None = None, *, ol
     instead of measuring it again (what a served drafter has; one old measurement for many updates).
     targets: ((old model, tokenizer), (new model, tokenizer)) instead of loading them (tests)."""
     config = config or EvalConfig()
+    DriftConfig(rows=rows)   # checked as --rows is, before any work
     check_report_folder(out)
     paths = learned_paths([drafter])
     if len(paths) != 1:

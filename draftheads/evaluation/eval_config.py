@@ -6,7 +6,7 @@ checks them with (decoding/settings.py)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal
 
 from draftheads.core.config import check, doc
@@ -138,8 +138,3 @@ class EngineEvalConfig:
         check(bool(self.p_mins) and all(math.isfinite(p) and 0 <= p < 1 for p in self.p_mins),
               f"--draft-p-min must be in [0, 1), got {self.p_mins}; e.g. 0,0.5")
         check(self.threads is None or self.threads >= 1, f"threads must be >= 1, got {self.threads}")
-
-
-def cli_flags(config_class) -> dict[str, str]:
-    """Setting name -> its command-line flag, for the settings that have one."""
-    return {f.name: f.metadata["flag"] for f in fields(config_class) if f.metadata.get("flag")}

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from draftheads.core.errors import DraftheadsError
+
 @dataclass
 class Shift:
     rows: int
@@ -54,7 +56,11 @@ def target_shift(old, new, rows, limit: int = 64, max_length: int = 512) -> Shif
         new_right += int((new_logp.argmax(-1) == truth).sum())
         kl += float((old_logp.exp() * (old_logp - new_logp)).sum())
         positions += len(where)
-    n = max(1, positions)
+    if not positions:   # an agreement over nothing would predict a tau from nothing
+        raise DraftheadsError(f"the first {len(picked)} of {len(rows)} rows hold no answer tokens to compare the "
+                              "targets on; give more --rows, or --data a `draftheads data` folder the old target "
+                              "answered in")
+    n = positions
     return Shift(rows=len(picked), positions=positions, agreement=same / n, kl=kl / n, old_accuracy=old_right / n,
                  new_accuracy=new_right / n)
 

@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from draftheads.core.config import suggest, to_dict
+from draftheads.core.config import check, doc, suggest, to_dict
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import write_folder
 from draftheads.core.run_folder import BEST, DATA_MARKER, DRAFTER, FINAL, incomplete_checkpoints, list_checkpoints
@@ -47,6 +48,19 @@ LABELS = {"eagle3": "EAGLE-3", "eagle": "EAGLE", "medusa": "Medusa", "medusa2": 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
+@dataclass
+class ExportConfig:
+    """The numbers an export writes beside the weights (`draftheads export`'s flags that take one)."""
+
+    speculative_tokens: int | None = doc(None, "draft length written where the engine's config takes one (None: the "
+                                               "length the drafter was trained for)", flag="--speculative-tokens")
+
+    def __post_init__(self):
+        check(self.speculative_tokens is None or self.speculative_tokens >= 1,
+              f"--speculative-tokens must be a whole number >= 1, got {self.speculative_tokens}; leave it out for the "
+              "length the drafter was trained for")
+
+
 def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dtype: str | None = None,
                    speculative_tokens: int | None = None, target_gguf=None) -> Path:
     """Write the drafter at `src` (drafter or run folder) as `fmt` into folder `out`.
@@ -63,8 +77,7 @@ def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dty
         raise DraftheadsError(f"unknown export format '{fmt}'{suggest(fmt, FORMATS)}; use one of {', '.join(FORMATS)}")
     if dtype is not None and dtype not in DTYPES:
         raise DraftheadsError(f"unknown export dtype '{dtype}'; use one of {', '.join(DTYPES)}")
-    if speculative_tokens is not None and speculative_tokens < 1:
-        raise DraftheadsError(f"--speculative-tokens must be at least 1, got {speculative_tokens}")
+    ExportConfig(speculative_tokens=speculative_tokens)   # checked as the flag is
     dtype = dtype or DEFAULT_DTYPES.get(fmt)
     saved = SavedDrafter.read(src, target, dtype=DTYPES.get(dtype), speculative_tokens=speculative_tokens)
     out = Path(out).expanduser()

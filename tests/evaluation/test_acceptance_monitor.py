@@ -10,6 +10,9 @@ import pytest
 from draftheads.core.errors import DraftheadsError
 from draftheads.evaluation.acceptance_monitor import (
     AcceptanceMonitor,
+    BadPoll,
+    MonitorConfig,
+    Notes,
     RetrainRule,
     counter,
     ratio_standard_error,
@@ -127,3 +130,126 @@ def test_watch_polls_a_server_and_stops_when_the_rule_fires():
     assert monitor.fired_at is not None and monitor.fired_at > 6 and "RETRAIN" in lines[-1]
     with pytest.raises(DraftheadsError, match="cannot read"):
         read_counters(url)
+
+
+def serve(bodies: list[bytes]):
+    """A local /metrics that answers each GET with the next of `bodies` (the last one from then on); its URL and
+    a stop function."""
+    answers = list(bodies)
+
+    class Scripted(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = answers.pop(0) if len(answers) > 1 else answers[0]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Scripted)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", server.shutdown
+
+
+def metrics(drafted, accepted) -> bytes:
+    return (f"llamacpp:spec_decode_num_draft_tokens_total {drafted}\n"
+            f"llamacpp:spec_decode_num_accepted_tokens_total {accepted}\n").encode()
+
+
+def watched(bodies, polls, **kw):
+    """watch() over `bodies`: (monitor, progress lines, notes, the error's text or None)."""
+    url, stop = serve(bodies)
+    lines, said = [], []
+    try:
+        monitor = watch(url, RetrainRule(baseline=0.6, window=4, min_observations=2), interval_s=0, polls=polls,
+                        progress=lines.append, notes=Notes(said.append), **kw)
+        return monitor, lines, said, None
+    except DraftheadsError as e:
+        return None, lines, said, str(e)
+    finally:
+        stop()
+
+
+@pytest.mark.parametrize("value, kind", [("1.2.3", "not a number"), ("12abc", "not a number"), ("1e999", "not a count"),
+                                         ("+Inf", "not a count"), ("NaN", "not a count"), ("-3", "not a count"),
+                                         ("1e300", "not a count")])
+def test_a_counter_that_holds_no_count_is_a_bad_poll_of_one_line(value, kind):
+    text = f"llamacpp:spec_decode_num_draft_tokens_total {value}\n"
+    with pytest.raises(BadPoll) as caught:
+        counter(text, "spec_decode_num_draft_tokens_total", "u")
+    message = str(caught.value)
+    assert caught.value.kind == kind and "\n" not in message and "; fix the server's metrics" in message
+
+
+def test_samples_with_a_timestamp_are_read_and_a_sum_past_2_to_the_53_refused():
+    text = "vllm:spec_decode_num_draft_tokens_total{engine=\"0\"} 40 1700000000000\n"
+    assert counter(text, "spec_decode_num_draft_tokens_total", "u") == 40
+    huge = "a:spec_decode_num_draft_tokens_total{e=\"0\"} 6e15\na:spec_decode_num_draft_tokens_total{e=\"1\"} 6e15\n"
+    with pytest.raises(BadPoll, match="sums to"):
+        counter(huge, "spec_decode_num_draft_tokens_total", "u")
+
+
+def test_undecodable_bytes_outside_the_counters_are_noted_once_and_inside_them_a_bad_poll():
+    url, stop = serve([b"# HELP caf\xe9\n" + metrics(40, 24),
+                       b"llamacpp:spec_decode_num_draft_tokens_total \xff\xfe\n"])
+    said = []
+    notes = Notes(said.append)
+    try:
+        assert read_counters(url, notes) == (40, 24)
+        with pytest.raises(BadPoll, match="not a number"):
+            read_counters(url, notes)
+    finally:
+        stop()
+    assert len(said) == 1 and "is not UTF-8 text (byte 0xe9" in said[0] and said[0].startswith("note: ")
+
+
+@pytest.mark.parametrize("bad", [b"llamacpp:spec_decode_num_draft_tokens_total 1.2.3\n",
+                                 metrics("1e999", 3), metrics(40, "NaN")])
+def test_one_bad_poll_is_skipped_with_a_note_and_two_in_a_row_stop_the_monitor(bad):
+    # polls: 40/24, 80/48, bad, 160/96 (two intervals in one), bad, 200/120, then bad for good
+    bodies = [metrics(0, 0), metrics(40, 24), metrics(80, 48), bad, metrics(160, 96), bad, metrics(200, 120), bad]
+    monitor, lines, said, error = watched(bodies, polls=20)
+    assert monitor is None and len(lines) == 4 and all("acceptance 0.600" in line for line in lines)
+    assert len(said) == 1 and said[0].startswith("note: ") and "the poll is skipped" in said[0]
+    assert error.startswith("2 polls in a row read nothing usable, the last: ") and "\n" not in error
+
+
+def test_the_first_poll_must_read_cleanly():
+    monitor, lines, said, error = watched([metrics("1.2.3", 0), metrics(40, 24)], polls=3)
+    assert monitor is None and "is '1.2.3', not a number; fix the server's metrics" in error
+
+
+def test_counters_that_go_back_are_a_restart_counted_from_zero_and_noted_once():
+    bodies = [metrics(400, 240), metrics(440, 264), metrics(40, 24), metrics(80, 48), metrics(20, 12), metrics(60, 36)]
+    monitor, lines, said, error = watched(bodies, polls=5)
+    assert error is None and len(lines) == 5 and monitor.seen == 5   # each restart's interval is 40 / 24 or 20 / 12
+    assert all("acceptance 0.600" in line for line in lines)
+    assert len(said) == 1 and "the server restarted" in said[0]
+
+
+def test_an_interval_accepting_more_than_it_drafted_is_skipped_with_a_note():
+    monitor, lines, said, error = watched([metrics(0, 0), metrics(40, 50), metrics(80, 74)], polls=2)
+    assert error is None and monitor.seen == 1 and len(said) == 1 and "40 drafted" in said[0]
+
+
+@pytest.mark.parametrize("interval, polls, match", [(-1.0, None, "--interval"), (math.nan, None, "--interval"),
+                                                    (math.inf, None, "--interval"), (1e12, None, "--interval"),
+                                                    (0.0, 0, "--polls")])
+def test_the_interval_and_the_polls_are_checked_before_any_poll(interval, polls, match):
+    with pytest.raises(DraftheadsError, match=match):
+        MonitorConfig(interval=interval, polls=polls)
+    with pytest.raises(DraftheadsError, match=match):   # the API too, before it reads anything
+        watch("http://127.0.0.1:9", RetrainRule(baseline=0.5), interval_s=interval, polls=polls)
+
+
+@pytest.mark.parametrize("url", ["foo", "127.0.0.1:8080", "http://[::1", "ftp://127.0.0.1/"])
+def test_an_address_that_is_no_http_server_is_one_line(url):
+    with pytest.raises(DraftheadsError, match="is not a server's address; give it as http://HOST:PORT"):
+        read_counters(url)
+
+
+def test_the_rule_waits_for_8_observations_or_the_whole_window_when_smaller():
+    assert RetrainRule(baseline=0.5).min_observations == 8
+    assert RetrainRule(baseline=0.5, window=4).min_observations == 4

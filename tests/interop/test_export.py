@@ -851,5 +851,5 @@ def test_speculative_tokens_are_the_trained_length_unless_given(targets, tmp_pat
 
     assert tokens("a") == 3                          # the training-time-test unroll, not the wide tree's depth 6
     assert tokens("b", speculative_tokens=5) == 5
-    with pytest.raises(DraftheadsError, match="--speculative-tokens must be at least 1"):
+    with pytest.raises(DraftheadsError, match="--speculative-tokens must be a whole number >= 1"):
         tokens("c", speculative_tokens=0)
