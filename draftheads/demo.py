@@ -24,6 +24,7 @@ from accelerate.state import AcceleratorState, GradientState
 
 from draftheads.core.config import load_yaml
 from draftheads.core.errors import DraftheadsError
+from draftheads.core.state_files import read_json
 from draftheads.data.datagen import run_data
 from draftheads.data.target import load_target
 from draftheads.evaluation.evaluate import run_eval
@@ -147,11 +148,12 @@ class Phases:
 
     def finish(self, recipe, runs: list[Path], report: Path) -> None:
         self._close()
+        measured = read_json(report / "report.json", "eval report", "run the demo again", required=("results",))
         summary = {
             "recipe": recipe.to_dict(), "seconds": self.seconds, "total_seconds": time.perf_counter() - self.started,
             "data": str(recipe.data_dir), "runs": [str(r) for r in runs],
             "drafters": [str(r / "final" / "drafter") for r in runs],
-            "report": str(report / "report.md"), "results": json.loads((report / "report.json").read_text())["results"],
+            "report": str(report / "report.md"), "results": measured["results"],
         }
         (self.out / "demo.json").write_text(json.dumps(summary, indent=1) + "\n")
         print(f"\ndraftheads demo: done in {self._elapsed()}. Data {recipe.data_dir}/, drafters "

@@ -3,6 +3,7 @@ import os
 import pytest
 import torch
 
+from tests.cli_world import world  # noqa: F401 - the CLI tests' shared fixtures, built once a session
 from tests.fixtures import FAMILIES, make_target, make_tokenizer
 
 

@@ -26,6 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import file_sha256
 from draftheads.core.registry import wheel_member
+from draftheads.core.state_files import DamagedFile, read_json
 
 
 @dataclass(frozen=True)
@@ -96,12 +97,12 @@ def embedded_gguf(alias: str) -> Path:
 
 def cache_problem(folder: Path, pinned: Embedded) -> str | None:
     """Why the cached checkpoint cannot be used as it is (None: it can)."""
-    try:
-        record = json.loads((folder / COMPLETE).read_text())
-    except FileNotFoundError:
+    if not (folder / COMPLETE).exists():
         return "not built yet"
-    except ValueError:
-        return "written before the cache recorded hashes"
+    try:
+        record = read_json(folder / COMPLETE, "cache record", "it is built again")
+    except DamagedFile as e:   # said by the caller, which builds the cache again (an old record is plain text)
+        return f"written before the cache recorded hashes, or damaged ({COMPLETE}: {e.problem})"
     if record.get("wheel_sha256") != pinned.wheel_sha256:
         return f"built from another wheel than {pinned.requirement}"
     if pinned.gguf not in record.get("files", {}):

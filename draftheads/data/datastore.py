@@ -28,6 +28,7 @@ import datasets
 from draftheads.core.config import to_dict
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.run_folder import DATA_MARKER
+from draftheads.core.state_files import read_json
 
 META = DATA_MARKER
 COLUMNS = ("input_ids", "loss_mask")   # what training and evaluation read of a row
@@ -45,6 +46,7 @@ TRUNCATED = "prompts truncated to fit max_length (kept)"
 # folder written before they existed keeps its identity.
 ADDED_LATER = {"kinds": None, "passage_tokens": 512}
 DATA_ADDED_LATER = {"reasoning": "keep"}  # the same for data settings
+META_FIX = "regenerate the folder with `draftheads data RECIPE --overwrite`, or delete it and rerun"
 
 
 def settings_hash(target: dict, data: dict) -> str:
@@ -64,8 +66,9 @@ def recipe_hash(recipe) -> str:
 
 
 def read_meta(out: Path) -> dict:
+    """The folder's draftheads_data.json ({} where it has none); a damaged one is a one-line error naming it."""
     path = Path(out) / META
-    return json.loads(path.read_text()) if path.exists() else {}
+    return read_json(path, "data folder metadata", META_FIX) if path.exists() else {}
 
 
 def write_meta(out: Path, meta: dict) -> None:
@@ -93,7 +96,12 @@ def folder_plan(out: Path, recipe, overwrite: bool) -> str:
         return "new"
     if not any(out.iterdir()):
         return "empty"
-    old = read_meta(out)
+    try:
+        old = read_meta(out)
+    except DraftheadsError:
+        if overwrite:   # damaged, yet the file says the folder is draftheads data: regenerated, as --overwrite asks
+            return "replace"
+        raise
     if not old:
         raise DraftheadsError(f"data output '{out}' is not empty and was not written by draftheads data; "
                               "set data.output to another folder or empty it")
@@ -157,14 +165,26 @@ def start_growing(out: Path, old: dict, recipe) -> None:
     # The next feature cache takes the kept rows' shards from a complete old one (training/features.py).
     # An unfinished cache, or one written before shard digests were recorded, cannot serve, so it goes now.
     for cache in sorted((out / "features").glob("*")):
-        manifest = cache / "manifest.json"
-        if not manifest.is_file() or "shard_digests" not in json.loads(manifest.read_text()):
+        if not can_serve(cache):
             shutil.rmtree(cache, ignore_errors=True)
     grown = {"prompts": summary.get("prompts", 0), "prompt_skips": old.get("prompt_skips", {})}
     write_meta(out, {**old, "recipe_hash": recipe_hash(recipe), "complete": False, "data": to_dict(recipe.data),
                      "grown_from": grown, "grown": old.get("grown", []) + [
                          {"from": old["data"]["num_prompts"], "to": recipe.data.num_prompts,
                           "date": time.strftime("%Y-%m-%d %H:%M:%S")}]})
+
+
+def can_serve(cache: Path) -> bool:
+    """A complete feature cache with shard digests; a damaged manifest is said, and the cache then goes too."""
+    manifest = cache / "manifest.json"
+    if not manifest.is_file():
+        return False
+    try:
+        return "shard_digests" in read_json(manifest, "feature cache manifest", "removing that cache (training "
+                                            "builds it again)")
+    except DraftheadsError as e:
+        print(f"draftheads data: {e}", flush=True)
+        return False
 
 
 def summary_as_stats(summary: dict, prompt_skips: dict) -> dict:
@@ -249,6 +269,8 @@ def merge(out: Path, count: int, recipe, skipped: collections.Counter, num_promp
         raise DraftheadsError(f"shards {missing[:5]} of '{out}' are missing; rerun the same command to finish them")
     # the rows kept from before a grow come first
     names = ([BASE] if shard_done(out, BASE) else []) + list(range(count))
+    stats = [read_json(shard_path(out, i) / "stats.json", "shard statistics", shard_fix(out, i), required=("stopped",))
+             for i in names]
     with quiet_datasets():
         parts = [datasets.load_from_disk(str(shard_path(out, i))) for i in names]
         table = datasets.concatenate_datasets(parts) if parts else datasets.Dataset.from_dict(
@@ -256,10 +278,16 @@ def merge(out: Path, count: int, recipe, skipped: collections.Counter, num_promp
         ids = table["prompt_id"]
         table = table.select(sorted(range(len(ids)), key=ids.__getitem__))
         table.save_to_disk(str(out))
-    stats = [json.loads((shard_path(out, i) / "stats.json").read_text()) for i in names]
     update_meta(out, complete=True, grown_from=None,
                 summary={**summarise(stats, skipped, num_prompts), "processes": processes})
     shutil.rmtree(Path(out) / SHARDS, ignore_errors=True)
+
+
+def shard_fix(out: Path, index: int | str) -> str:
+    """What to do about a damaged finished shard: generate it again, except the kept rows of a grow (base)."""
+    if index == BASE:
+        return META_FIX
+    return f"delete {shard_path(out, index)} and rerun the same command to generate that shard again"
 
 
 def summarise(stats: list[dict], skipped: collections.Counter, num_prompts: int) -> dict:
@@ -293,16 +321,22 @@ def print_summary(out: Path) -> None:
     print(f"  -> {out}")
 
 
-def load_rows(data_dir: str | Path):
-    """The dataset saved by `draftheads data` (a `datasets` folder), checked for the columns we need."""
+def check_finished(data_dir: str | Path) -> Path:
+    """The folder, when it exists and its metadata (if any) says it is finished: what can be checked before a
+    target is loaded."""
     path = Path(data_dir)
     if not path.exists():
         raise DraftheadsError(f"training data '{path}' not found; run `draftheads data RECIPE` first or set "
                               "data.output")
-    meta = path / DATA_MARKER
-    if meta.is_file() and not json.loads(meta.read_text() or "{}").get("complete"):
+    if (path / DATA_MARKER).exists() and not read_meta(path).get("complete"):
         raise DraftheadsError(f"'{path}' is unfinished: its `draftheads data` run stopped before the end; rerun "
                               "`draftheads data RECIPE` to finish it")
+    return path
+
+
+def load_rows(data_dir: str | Path):
+    """The dataset saved by `draftheads data` (a `datasets` folder), checked for the columns we need."""
+    path = check_finished(data_dir)
     try:
         rows = datasets.load_from_disk(str(path))
     except Exception as e:  # noqa: BLE001 - datasets and pyarrow raise many types for a damaged folder

@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from draftheads.core.errors import DraftheadsError
+from draftheads.core.state_files import DamagedFile, read_json_lines
 from draftheads.data.prompt_source import Prompt
 from draftheads.data.prompt_tables import EVAL_SETS, humaneval_prompts, load_table_source, task_prompts
 from draftheads.data.self_prompts import Writer, fill_quotas, kinds_prompts, normalise, self_prompts
@@ -81,4 +82,10 @@ def save_prompts(path: Path, prompts: list[Prompt]) -> None:
 
 
 def read_prompts(path: Path) -> list[Prompt]:
-    return [Prompt(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    """A data folder's prompts.jsonl, as save_prompts wrote it."""
+    what, fix = "prompt list", "regenerate the folder with `draftheads data RECIPE --overwrite`"
+    records = read_json_lines(path, what, fix)
+    try:
+        return [Prompt(**record) for record in records]
+    except TypeError as e:   # fields Prompt does not have, or lacks
+        raise DamagedFile(path, what, str(e), fix) from None

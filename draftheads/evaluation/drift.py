@@ -19,13 +19,13 @@ The old target is the one the drafter was trained for (its config.json), unless 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
-from draftheads.data.datastore import load_rows
+from draftheads.core.state_files import read_json
+from draftheads.data.datastore import check_finished, load_rows
 from draftheads.evaluation.drafter_specs import learned_paths, model_free
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
@@ -66,6 +66,9 @@ def run_drift(drafter: str, target: str, config: EvalConfig | None = None, *, ol
         raise DraftheadsError(f"draftheads drift measures one learned drafter (a drafter or run folder, optionally "
                               f"+lookup or +suffix), got '{drafter}'")
     rows_folder = training_data(paths[0], data)
+    if old_report:   # read and checked before minutes of loading two targets
+        old_report = Path(old_report)
+        check_same_settings(old_report, config)
     old_name = old_target or saved_target_name([drafter]) or "smollm2-135m"
     old_pair, new_pair = targets or (None, None)
     old_model, old_tok, _ = load_eval_target(old_name, config.dtype, [drafter], old_pair)
@@ -78,12 +81,10 @@ def run_drift(drafter: str, target: str, config: EvalConfig | None = None, *, ol
     print(f"draftheads drift: top-1 agreement {shift.agreement:.3f}, KL {shift.kl:.3f} nats over {shift.positions} "
           "answer positions", flush=True)
     folder = report_folder(out, [drafter])
-    if old_report:
-        old_report = Path(old_report)
-    else:
+    if not old_report:
         old_report = run_eval([drafter], config, target=old_name, out=str(folder / "old"),
                               target_model=(old_model, old_tok))
-    check_same_settings(old_report, config)
+        check_same_settings(old_report, config)
     new_report = run_eval([drafter], config, target=target, out=str(folder / "new"),
                           target_model=(new_model, new_tok))
     compared = compare(read_rows(old_report), read_rows(new_report), shift.agreement)
@@ -101,7 +102,7 @@ def check_same_settings(report: Path, config: EvalConfig) -> None:
     """An earlier old-target report stands in only if it measured what the new-target run will."""
     if not (report / "report.json").is_file():
         raise DraftheadsError(f"--old-report {report} holds no report.json; give a `draftheads eval` folder")
-    saved = json.loads((report / "report.json").read_text())["settings"]
+    saved = read_report(report)["settings"]
     asked = {"prompts": config.prompts, "limit": config.limit, "tree": config.tree, "accept": list(config.accept),
              "max_new_tokens": config.max_new_tokens, "temperatures": [float(t) for t in config.temperatures]}
     differ = [name for name, value in asked.items() if saved.get(name) != value]
@@ -125,11 +126,22 @@ def training_data(drafter_path: str, data: str | None) -> Path:
     if not folder.is_dir():
         raise DraftheadsError(f"the drafter's training data '{folder}' is not there; give --data FOLDER, a "
                               "`draftheads data` folder the old target wrote")
-    return folder
+    return check_finished(folder)   # its metadata read before the targets are loaded
+
+
+def read_report(folder: Path) -> dict:
+    """A `draftheads eval` folder's report.json (--old-report's, or the one this run just wrote)."""
+    report = read_json(Path(folder) / "report.json", "eval report", "give --old-report the folder of an intact "
+                       "`draftheads eval`, or drop --old-report to measure the old target again",
+                       required=("settings", "results"))
+    if not isinstance(report["settings"], dict) or not isinstance(report["results"], list):
+        raise DraftheadsError(f"eval report {Path(folder) / 'report.json'} is damaged (its settings or results are "
+                              "not what draftheads eval writes); drop --old-report to measure the old target again")
+    return report
 
 
 def read_rows(report_folder_path: Path) -> list[dict]:
-    return json.loads((Path(report_folder_path) / "report.json").read_text())["results"]
+    return read_report(report_folder_path)["results"]
 
 
 def compare(old_rows: list[dict], new_rows: list[dict], agreement: float) -> list[dict]:

@@ -12,11 +12,11 @@ nodes verified per step, so the prediction stays one made before the run.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from draftheads.core.errors import DraftheadsError
+from draftheads.core.state_files import read_json
 from draftheads.evaluation.cost_model import StepShape
 
 
@@ -40,15 +40,16 @@ def read_earlier(path: str) -> EarlierReport:
     """An earlier evaluation's batch-size-1 rows; a one-line error when `path` is not a readable report."""
     file = Path(path)
     file = file / "report.json" if file.is_dir() else file
+    if not file.exists():
+        raise DraftheadsError(f"--tau-from: no report at {file}; give the folder or report.json of an earlier "
+                              "draftheads eval")
+    report = read_json(file, "--tau-from report", "give the report of an intact earlier draftheads eval, or run "
+                       "that eval again", required=("results", "settings"))
     try:
-        report = json.loads(file.read_text())
         rows = {(r["drafter"], r["rule"], float(r["temperature"]), r["tree"]): (float(r["tau"]), float(r["mean_nodes"]))
                 for r in report["results"] if r.get("batch_size", 1) == 1 and r.get("steps", 1)}
         settings = report["settings"]
-    except FileNotFoundError:
-        raise DraftheadsError(f"--tau-from: no report at {file}; give the folder or report.json of an earlier "
-                              "draftheads eval") from None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        return EarlierReport(file.parent, settings.get("prompts", "?"), settings.get("limit"), rows)
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
         raise DraftheadsError(f"--tau-from: {file} is not a draftheads eval report ({type(e).__name__}: {e}); "
                               "give the report.json an earlier draftheads eval wrote") from None
-    return EarlierReport(file.parent, settings.get("prompts", "?"), settings.get("limit"), rows)

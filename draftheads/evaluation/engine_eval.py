@@ -18,7 +18,6 @@ speculative outputs must equal llama.cpp's plain greedy outputs; the report coun
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -47,7 +46,7 @@ from draftheads.interop.export import export_drafter
 from draftheads.interop.llama_cpp import DRAFTER_FILE
 from draftheads.interop.llama_cpp_build import install_llama_cpp
 from draftheads.interop.llama_server import LlamaServer, Reply
-from draftheads.interop.native import PROVENANCE, resolve_drafter_folder
+from draftheads.interop.native import read_export_record, resolve_drafter_folder
 
 # llama.cpp's n-gram modes at its own settings (long keys and drafts, tuned for rewriting code) and at short ones
 # (a 3-token key, 6 drafted tokens: what a 128-token answer can reuse)
@@ -167,7 +166,7 @@ def export_for_engine(paths: list[str], where: Path, target: str | None) -> dict
         while name in out:
             name += "'"
         export_drafter(folder, "llama.cpp", where / name, target=target, overwrite=True)
-        record = json.loads((where / name / PROVENANCE).read_text())
+        record = read_export_record(where / name)
         out[name] = {**record["llama_cpp"], "source": record["source"]}
     return out
 

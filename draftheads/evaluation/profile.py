@@ -21,12 +21,14 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from draftheads.core.state_files import DamagedFile, read_json
 from draftheads.core.targets import cache_dir
 from draftheads.core.tree import Tree
 from draftheads.core.version import __version__
@@ -169,10 +171,15 @@ def save(path: Path, data: dict) -> None:
 
 
 def load(path: Path) -> dict | None:
+    """A cached profile; None when absent or damaged (measured again, and a damaged one said so before it is
+    written over)."""
+    if not path.exists():
+        return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None   # absent or unreadable: measured again
+        return read_json(path, "cached cost profile", "measuring it again")
+    except DamagedFile as e:
+        print(f"draftheads profile: {e}", file=sys.stderr, flush=True)
+        return None
 
 
 def _times(run, device, repeats: int) -> list[float]:

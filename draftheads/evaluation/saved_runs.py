@@ -6,22 +6,25 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import yaml
-
 from draftheads.core.config import build
 from draftheads.core.run_folder import RECIPE_FILE
+from draftheads.core.state_files import read_yaml
 from draftheads.data.hardware import dtype_name
 from draftheads.data.target import attach_chat_template, load_target
 from draftheads.evaluation.drafter_specs import learned_paths
 from draftheads.evaluation.eval_config import EvalConfig
-from draftheads.interop.native import read_config, resolve_drafter_folder, target_summary
+from draftheads.interop.native import (PROVENANCE, read_config, read_export_record, resolve_drafter_folder,
+                                       target_summary)
 
 
 def run_recipe(folder: Path) -> dict | None:
     """The resolved recipe saved with the run that produced this drafter (newest checkpoint's copy)."""
     run = folder.resolve().parent.parent
     copies = sorted(run.glob(f"step_*/{RECIPE_FILE}"))
-    return yaml.safe_load(copies[-1].read_text()) if copies else None
+    if not copies:
+        return None
+    return read_yaml(copies[-1], "run recipe copy", f"copy {RECIPE_FILE} over it from another checkpoint of the run "
+                     "(or from the recipe it was trained with), or train again")
 
 
 def first_run_recipe(drafters: list[str]) -> dict | None:
@@ -51,8 +54,19 @@ def saved_target_name(drafters: list[str]) -> str | None:
     return None
 
 
+def check_drafter_records(drafters: list[str]) -> None:
+    """Each learned drafter's config.json and, in an engine export, its export record: read now, so a damaged one is
+    refused before minutes of loading a target rather than after."""
+    for path in learned_paths(drafters):
+        folder = resolve_drafter_folder(path)
+        read_config(folder)
+        if (folder / PROVENANCE).exists():
+            read_export_record(folder)
+
+
 def load_eval_target(spec: str | None, dtype: str, drafters: list[str], target_model=None):
     """(model, tokenizer, info): the given pair, or `spec`, or the target the first learned drafter names."""
+    check_drafter_records(drafters)
     if target_model is not None:
         model, tokenizer = target_model
         name = spec or getattr(model, "name_or_path", None) or type(model).__name__

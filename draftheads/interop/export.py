@@ -31,7 +31,7 @@ from draftheads.core.run_folder import BEST, DATA_MARKER, DRAFTER, FINAL, incomp
 from draftheads.heads.factory import new_drafter
 from draftheads.interop import deepseek_mtp, llama_cpp, sglang, speculators, tgi, vllm
 from draftheads.interop.layout import Layout
-from draftheads.interop.native import CONFIG, EAGLE3_KINDS, PROVENANCE, WEIGHTS, SavedDrafter
+from draftheads.interop.native import CONFIG, EAGLE3_KINDS, PROVENANCE, WEIGHTS, SavedDrafter, read_export_record
 from draftheads.interop.vocab_mapping import write_vocab_mappings
 
 ENGINES = {"vllm": vllm, "sglang": sglang, "tgi": tgi, "speculators": speculators, "deepseek-mtp": deepseek_mtp,
@@ -159,11 +159,11 @@ def holds_training_work(folder: Path) -> bool:
 
 
 def previous_export(folder: Path) -> str | None:
-    """The format of the draftheads export in `folder`, None if it holds none."""
-    try:
-        return json.loads((folder / PROVENANCE).read_text()).get("format")
-    except (OSError, ValueError, AttributeError):
+    """The format of the draftheads export in `folder`, None if it holds none; a damaged record is refused, not
+    written over (--overwrite would replace a folder nothing says is an export)."""
+    if not (folder / PROVENANCE).is_file():
         return None
+    return read_export_record(folder).get("format")
 
 
 def validate_native(saved: SavedDrafter) -> None:

@@ -36,6 +36,7 @@ from typing import Callable
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import file_sha256, write_folder
 from draftheads.core.registry import download_pinned
+from draftheads.core.state_files import read_json
 from draftheads.core.targets import cache_dir
 
 SDIST_VERSION = "0.3.36"   # vendors llama.cpp of October 2026: draft-eagle3, the n-gram modes, the converter
@@ -71,7 +72,8 @@ class LlamaCpp:
 
     @property
     def record(self) -> dict:
-        return json.loads((self.folder / COMPLETE).read_text())
+        return read_json(self.folder / COMPLETE, "llama.cpp build record", "`draftheads engine install llama.cpp` "
+                         "(or the next engine eval) builds it again", required=("programs",))
 
 
 def cmake_options() -> dict[str, str]:
@@ -104,9 +106,12 @@ def build_folder(options: dict[str, str]) -> Path:
 def installed_llama_cpp() -> LlamaCpp | None:
     """The cached build for this machine, if it is complete and its programs are the ones it recorded."""
     engine = LlamaCpp(build_folder(cmake_options()))
+    if not (engine.folder / COMPLETE).is_file():
+        return None
     try:
         programs = engine.record["programs"]
-    except (OSError, ValueError, KeyError):
+    except DraftheadsError as e:   # our own cache: built again over, but not without a word
+        print(f"draftheads: {e}", file=sys.stderr, flush=True)
         return None
     for name, digest in programs.items():
         path = engine.folder / "bin" / name

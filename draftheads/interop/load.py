@@ -12,7 +12,6 @@ speculators: peagle) and DFlash (the z-lab layout of vLLM and SGLang; speculator
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -24,7 +23,8 @@ from draftheads.interop import speculators, tgi, vllm
 from draftheads.interop.dflash_layout import ARCHITECTURE as DFLASH_ARCHITECTURE
 from draftheads.interop.dflash_layout import read_dflash
 from draftheads.interop.eagle_layout import EAGLE3_ARCHS, EAGLE_ARCHS, eagle_from_engine, read_eagle3, read_peagle
-from draftheads.interop.native import FORMAT, PROVENANCE, load_native, read_config, read_weights, resolve_drafter_folder
+from draftheads.interop.native import (FORMAT, PROVENANCE, load_native, read_config, read_export_record, read_weights,
+                                      resolve_drafter_folder)
 
 # what a folder's own tensors and config say of the head, beside which a provenance record's settings are not read
 STRUCTURE = {"medusa": ("type", "num_heads", "num_layers", "lm_head", "draft_vocab_size"),
@@ -128,7 +128,7 @@ def with_saved_settings(folder: Path, head: dict) -> dict:
     record = folder / PROVENANCE
     if not record.is_file():
         return head
-    saved, _ = upgrade_head(json.loads(record.read_text()).get("head") or {})   # written before eagle3 was a kind
+    saved, _ = upgrade_head(read_export_record(folder).get("head") or {})   # written before eagle3 was a kind
     if saved.get("type") != head["type"]:
         return head
     structure = STRUCTURE[head["type"]]

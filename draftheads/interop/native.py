@@ -27,6 +27,7 @@ from draftheads.core.drafter import TrainableDrafter
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import write_folder
 from draftheads.core.run_folder import drafter_candidates
+from draftheads.core.state_files import read_json
 from draftheads.core.target_dims import target_dims, text_config
 from draftheads.core.targets import locate_target
 from draftheads.core.tree import parse_tree
@@ -115,11 +116,13 @@ def resolve_drafter_folder(path) -> Path:
 
 def read_config(folder: Path) -> dict:
     """config.json of a drafter folder (ours or an engine's)."""
-    try:
-        return json.loads((folder / CONFIG).read_text())
-    except json.JSONDecodeError as e:
-        raise DraftheadsError(f"{folder / CONFIG} is not valid JSON ({e.msg} at line {e.lineno}); re-export "
-                              "the drafter") from None
+    return read_json(folder / CONFIG, "drafter config", "re-save or re-export the drafter, or give another "
+                     "checkpoint of its run")
+
+
+def read_export_record(folder: Path) -> dict:
+    """draftheads_export.json of an engine export we wrote: its format, source and training settings."""
+    return read_json(folder / PROVENANCE, "export record", f"delete {folder} and export the drafter again")
 
 
 def saved_head(config: dict, folder: Path) -> HeadConfig:

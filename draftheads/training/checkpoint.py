@@ -28,11 +28,14 @@ import yaml
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import file_sha256, publish, staging_folder, staging_path
 from draftheads.core.run_folder import COMPLETE, DRAFTER, RECIPE_FILE, STATE_FILE, list_checkpoints, step_dir
+from draftheads.core.state_files import DamagedFile, read_json, read_yaml
 from draftheads.heads.factory import upgrade_head
 from draftheads.interop.native import save_drafter
 
 SCHEDULER_FILE = "scheduler.json"
 MANIFEST_FILE = "MANIFEST.json"
+# a checkpoint written before manifests (nothing vouched for its files) whose state files are damaged
+CHECKPOINT_FIX = "delete that checkpoint to resume from an earlier one, or set train.resume=never"
 
 
 # ---- writing ----------------------------------------------------------------------------------
@@ -97,9 +100,11 @@ def damage(folder: Path) -> str | None:
     if not listed.is_file():
         return None
     try:
-        files = json.loads(listed.read_text())["files"]
-    except (ValueError, KeyError, TypeError):
-        return f"{MANIFEST_FILE} is unreadable"
+        files = read_json(listed, MANIFEST_FILE, CHECKPOINT_FIX, required=("files",))["files"]
+    except DamagedFile as e:   # the caller says what to do about the checkpoint
+        return f"{MANIFEST_FILE} is damaged ({e.problem})"
+    if not isinstance(files, dict):
+        return f"{MANIFEST_FILE} is damaged (its files are not a mapping)"
     for name, expected in files.items():
         path = Path(folder) / name
         if not path.is_file():
@@ -119,14 +124,17 @@ def find_resume(run_dir: Path, resume: str, warn=print) -> Path | None:
     if resume != "auto":
         return explicit_checkpoint(Path(resume))
     done = list_checkpoints(run_dir)
+    newest = None
     for folder in reversed(done):
         problem = damage(folder)
         if problem is None:
             return folder
+        newest = newest or f"{folder.name}: {problem}"
         warn(f"draftheads: skipping damaged checkpoint {folder}: {problem}")
     if done:
-        raise DraftheadsError(f"no intact checkpoint in {run_dir} (all {len(done)} are damaged, see above); set "
-                              "train.resume=never to train from the start, or train.output_dir to a new run folder")
+        raise DraftheadsError(f"no intact checkpoint in {run_dir} (all {len(done)} are damaged, the newest as "
+                              f"{newest}); set train.resume=never to train from the start, or train.output_dir to a "
+                              "new run folder")
     return None
 
 
@@ -153,9 +161,9 @@ def load_checkpoint(accelerator, folder: Path, scheduler) -> dict:
         raise DraftheadsError(f"checkpoint {folder} does not fit this run's drafter and optimizer ({first}); resume it "
                               "with the settings it was trained with, or set train.output_dir to a new "
                               "run folder") from None
-    state = json.loads((folder / STATE_FILE).read_text())
+    state = read_json(folder / STATE_FILE, "trainer state", CHECKPOINT_FIX, required=("step",))
     if (folder / SCHEDULER_FILE).is_file():
-        scheduler.load_state_dict(json.loads((folder / SCHEDULER_FILE).read_text()))
+        scheduler.load_state_dict(read_json(folder / SCHEDULER_FILE, "LR schedule state", CHECKPOINT_FIX))
     else:  # written before scheduler.json: the schedule is a function of the step, so replay it
         for _ in range(state["step"]):
             scheduler.step()
@@ -219,7 +227,7 @@ def check_same_settings(folder: Path, recipe_dict: dict, defaults: dict | None =
     path = Path(folder) / RECIPE_FILE
     if not path.is_file():
         return
-    saved = yaml.safe_load(path.read_text()) or {}
+    saved = read_yaml(path, "recipe copy", CHECKPOINT_FIX)
     if isinstance(saved.get("head"), dict):   # saved before EAGLE-3 and Medusa-2 were head types of their own
         saved["head"] = upgrade_head(saved["head"])[0]
     diff = changed_settings(saved, {k: v for k, v in recipe_dict.items() if k != "derived"}, defaults)

@@ -31,10 +31,12 @@ import torch
 from tqdm.auto import tqdm
 
 from draftheads.core.errors import DraftheadsError
+from draftheads.core.state_files import DamagedFile, read_json
 from draftheads.training.batches import collate
 from draftheads.training.sharding import is_sharded
 
 SHARD_ROWS = 512
+MANIFEST_KEYS = ("feature_dtype", "shard_rows", "shards", "dim", "lengths")   # what FeatureCache reads of it
 STORAGE = {  # feature_dtype -> (torch dtype, numpy storage dtype, bytes per value)
     "bf16": (torch.bfloat16, np.uint16, 2),
     "fp16": (torch.float16, np.float16, 2),
@@ -118,7 +120,8 @@ class FeatureCache:
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
-        manifest = json.loads((self.folder / "manifest.json").read_text())
+        manifest = read_json(self.folder / "manifest.json", "feature cache manifest", f"delete {self.folder} and "
+                             "train again to rebuild it", required=MANIFEST_KEYS)
         self.dtype_name = manifest["feature_dtype"]
         self.shard_rows = manifest["shard_rows"]
         self.lengths = np.asarray(manifest["lengths"], dtype=np.int64)
@@ -231,7 +234,12 @@ def _earlier_caches(folder: Path, settings: str) -> dict[Path, dict]:
     for other in sorted(folder.parent.iterdir()):
         path = other / "manifest.json"
         if other != folder and path.is_file():
-            manifest = json.loads(path.read_text())
+            try:
+                manifest = read_json(path, "feature cache manifest", "its shards are not taken over (delete "
+                                     f"{other} to stop this note)")
+            except DamagedFile as e:   # another cache: not ours to remove or write over, and this one can do without
+                print(f"draftheads: {e}", file=sys.stderr)
+                continue
             if manifest.get("settings") == settings:
                 found[other] = manifest
     return found

@@ -7,7 +7,6 @@ the data position and logged history through the trainer state (training/checkpo
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +20,8 @@ from datasets import concatenate_datasets
 
 from draftheads.core.drafter import TrainableDrafter
 from draftheads.core.errors import DraftheadsError
-from draftheads.core.run_folder import COMPLETE, DATA_MARKER, incomplete_checkpoints
-from draftheads.data.datastore import COLUMNS, load_rows
+from draftheads.core.run_folder import COMPLETE, incomplete_checkpoints
+from draftheads.data.datastore import COLUMNS, load_rows, read_meta
 from draftheads.data.hardware import check_cpu_launch, resolve_device, resolve_dtype
 from draftheads.data.target import load_target
 from draftheads.heads.factory import bound_drafter, drafter_class, new_drafter
@@ -193,9 +192,8 @@ def training_rows(recipe):
 
 def data_target(folder: Path) -> str | None:
     """The target (name@revision) a data folder's metadata says wrote it; None where it says nothing."""
-    meta = Path(folder) / DATA_MARKER
-    target = json.loads(meta.read_text() or "{}").get("target") if meta.is_file() else None
-    return f"{target.get('name')}@{target.get('revision') or 'main'}" if target else None
+    target = read_meta(folder).get("target")
+    return f"{target.get('name')}@{target.get('revision') or 'main'}" if isinstance(target, dict) else None
 
 
 def _target_model(recipe, accelerator, target):

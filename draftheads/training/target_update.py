@@ -31,6 +31,7 @@ import torch
 from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import write_folder
+from draftheads.core.state_files import read_json
 from draftheads.data.datastore import read_meta
 from draftheads.data.hardware import resolve_device, resolve_dtype
 from draftheads.data.target import load_target
@@ -110,7 +111,9 @@ def reused(out: Path, record: dict) -> bool:
     if not out.exists():
         return False
     marker = out / MARKER
-    saved = json.loads(marker.read_text()) if marker.is_file() else None
+    # a damaged marker is refused, never taken for another update and written over
+    saved = read_json(marker, "update marker", f"delete {out} (this update's output) and rerun, or give another --out",
+                      required=("settings", "data")) if marker.exists() else None
     if saved is None or saved.get("settings") != record["settings"] or saved.get("data") != record["data"]:
         raise DraftheadsError(f"'{out}' already exists and is not this update (other settings, data or not an "
                               "update at all); give another --out, or remove it yourself")
