@@ -162,6 +162,23 @@ def serving(drafted: bytes, accepted: bytes = b"1"):
     return setup
 
 
+def narrow_target(w, c):
+    """The fixture target at hidden size 32, with weights: a target none of the world's drafters (hidden 64) fit."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(w / "target", hidden_size=32, intermediate_size=64, head_dim=8)
+    AutoModelForCausalLM.from_config(config).save_pretrained(c / "narrow")
+
+
+def narrowed_weights(w, c):
+    """A copy of the run whose drafter's tensors were cut to hidden size 32, under a config.json that says 64."""
+    from safetensors.torch import load_file, save_file
+
+    copy_run(w, c)
+    weights = c / "run" / "final" / "drafter" / "model.safetensors"
+    save_file({k: v[..., :32].contiguous() for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
+
+
 TRAIN = ["train", "{w}/recipe.yaml", "train.output_dir={c}/run"]
 EVAL = ["eval", "{w}/runs/medusa", "--prompts", "{w}/prompts.jsonl", "--limit", "1", "--max-new-tokens", "4"]
 ENGINE_EVAL = ["engine", "eval", "llama.cpp", "{w}/runs/medusa", "--prompts", "{w}/prompts.jsonl", "--limit", "1",
@@ -298,6 +315,28 @@ CASES = [
     Case("export-fractional-speculative-tokens", [*EXPORT, "--format", "vllm", "--out", "{c}/out",
                                                   "--speculative-tokens", "2.5"],
          "--speculative-tokens: expected int, got float 2.5"),
+    # output locations, truncation and export shapes (issue 52)
+    Case("train-output-under-a-file", [*TRAIN, "train.output_dir={c}/afile/run"],
+         "afile is a file, not a writable folder", a_file),
+    Case("train-feature-cache-under-a-file", [*TRAIN, "train.mode=offline", "train.feature_dtype=fp32",
+                                              "train.feature_cache={c}/afile/cache"],
+         "cannot write train.feature_cache", a_file),
+    Case("data-output-under-a-file", [*DATA, "data.output={c}/afile/data"], "afile is a file, not a writable folder",
+         a_file),
+    Case("update-target-out-under-a-file", ["update-target", "{w}/data", "--out", "{c}/afile/updated", "--base",
+                                            "{w}/target", "--steps", "1"], "cannot write --out", a_file),
+    Case("train-max-length-cuts-every-answer", [*TRAIN, "train.max_length=3"],
+         "train.max_length=3 leaves no answer token in any of the"),
+    Case("train-packed-max-length-cuts-every-answer", [*TRAIN, "train.max_length=3", "train.pack=true"],
+         "leaves no answer token"),
+    Case("train-offline-max-length-cuts-every-answer", [*TRAIN, "train.max_length=3", "train.mode=offline",
+                                                        "train.feature_dtype=fp32", "train.feature_cache={c}/cache"],
+         "leaves no answer token"),
+    Case("export-for-a-target-of-another-size", [*EXPORT[:2], "--target", "{c}/narrow", "--format", "vllm", "--out",
+                                                 "{c}/out"], "hidden_size 64 but this target has hidden_size 32",
+         narrow_target),
+    Case("export-weights-that-do-not-fit", ["export", "{c}/run", "--format", "tgi", "--out", "{c}/out", "--target",
+                                            "{w}/target"], "does not fit the target", narrowed_weights),
 ]
 
 

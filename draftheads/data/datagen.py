@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
+from draftheads.core.writable import check_writable
 from draftheads.data import datastore
 from draftheads.data.batch_generate import LocalBackend
 from draftheads.data.chat import show_mask, start_chat
@@ -135,6 +136,8 @@ def run_data(recipe, *, overwrite: bool = False, dry_run: bool = False, target=N
         if procs.is_main:
             datastore.print_summary(out)
         return out
+    # a place it cannot write is refused now, not after the target has answered every prompt
+    check_writable(out, "data.output", published=plan == "replace")
     # the target (and its chat template) must load before the folder is claimed for these settings
     backend, tokenizer = make_backend(recipe, target, procs)
     if procs.is_main:

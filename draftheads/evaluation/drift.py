@@ -60,7 +60,7 @@ def run_drift(drafter: str, target: str, config: EvalConfig | None = None, *, ol
     targets: ((old model, tokenizer), (new model, tokenizer)) instead of loading them (tests)."""
     config = config or EvalConfig()
     DriftConfig(rows=rows)   # checked as --rows is, before any work
-    check_report_folder(out)
+    check_report_folder(out, [drafter])
     paths = learned_paths([drafter])
     if len(paths) != 1:
         raise DraftheadsError(f"draftheads drift measures one learned drafter (a drafter or run folder, optionally "

@@ -117,7 +117,7 @@ def run_engine_eval(drafters: list[str], config: EngineEvalConfig | None = None,
         raise DraftheadsError("draftheads engine eval needs an EAGLE-3 drafter folder (prompt lookup runs in our own "
                               "loop only)")
     draft_tokens, p_mins = sorted(set(config.draft_tokens)), sorted(set(config.p_mins))
-    check_report_folder(out)
+    check_report_folder(out, drafters)
     folder = report_folder(out, drafters)
     # refuses a drafter llama.cpp cannot run, before the build
     exports = export_for_engine(paths, folder / "gguf", target)

@@ -40,7 +40,7 @@ def run_eval(drafters: list[str], config: EvalConfig | None = None, *, target: s
     target_model: (model, tokenizer) to use instead of loading the target (tests, the demo).
     """
     config = config or EvalConfig()
-    check_report_folder(out)  # before minutes of work, not after
+    check_report_folder(out, drafters)  # before minutes of work, not after
     earlier = read_earlier(config.tau_from) if config.tau_from else None
     requested = parse_tree(config.tree)
     budget = requested.budget if isinstance(requested, AutoTreeSpec) else None

@@ -4,26 +4,25 @@ folder inside the first run folder given, else under runs/; checked before minut
 from __future__ import annotations
 
 import datetime
-import os
 from pathlib import Path
 
 from draftheads.core.errors import DraftheadsError
+from draftheads.core.writable import check_writable
 from draftheads.evaluation.drafter_specs import split_spec
 
 
-def check_report_folder(out: str | None) -> None:
-    """--out must be a new or empty folder, or an earlier report's (whose files are replaced), somewhere writable."""
+def check_report_folder(out: str | None, drafters: list[str] = ()) -> None:
+    """--out must be a new or empty folder, or an earlier report's (whose files are replaced), somewhere writable;
+    without --out, the place report_folder picks must take a new folder."""
     if out is None:
-        return  # a new timestamped folder
+        check_writable(report_folder(None, list(drafters)), "--out")
+        return
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise DraftheadsError(f"--out {out} is a file; give a folder for the report")
     if folder.is_dir() and any(folder.iterdir()) and not (folder / "report.json").is_file():
         raise DraftheadsError(f"--out {out} is not empty and holds no earlier report; give a new or empty folder")
-    parent = next(p for p in [folder.absolute(), *folder.absolute().parents] if p.exists())
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise DraftheadsError(f"cannot write the report to --out {out}: {parent} is not a writable folder; choose "
-                              "another place")
+    check_writable(folder, "--out")
 
 
 def report_folder(out: str | None, drafters: list[str]) -> Path:

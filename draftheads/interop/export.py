@@ -28,10 +28,11 @@ from draftheads.core.config import check, doc, suggest, to_dict
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import write_folder
 from draftheads.core.run_folder import BEST, DATA_MARKER, DRAFTER, FINAL, incomplete_checkpoints, list_checkpoints
-from draftheads.heads.factory import new_drafter
+from draftheads.core.writable import check_writable
 from draftheads.interop import deepseek_mtp, llama_cpp, sglang, speculators, tgi, vllm
 from draftheads.interop.layout import Layout
-from draftheads.interop.native import CONFIG, EAGLE3_KINDS, PROVENANCE, WEIGHTS, SavedDrafter, read_export_record
+from draftheads.interop.native import (CONFIG, EAGLE3_KINDS, PROVENANCE, WEIGHTS, SavedDrafter, check_fits_target,
+                                      read_export_record)
 from draftheads.interop.vocab_mapping import write_vocab_mappings
 
 ENGINES = {"vllm": vllm, "sglang": sglang, "tgi": tgi, "speculators": speculators, "deepseek-mtp": deepseek_mtp,
@@ -82,10 +83,12 @@ def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dty
     saved = SavedDrafter.read(src, target, dtype=DTYPES.get(dtype), speculative_tokens=speculative_tokens)
     out = Path(out).expanduser()
     check_out(out, fmt, saved, overwrite)
+    if fmt != "native":
+        check_allowed(saved, fmt)
+    check_fits_target(saved)  # what eval checks when it loads the drafter: no folder an engine cannot load
     provenance = {"format": fmt, "source": str(saved.folder), "head": to_dict(saved.head),
                   "target": saved.config.get("target"), "feature_layers": saved.config.get("feature_layers")}
     if fmt == "native":
-        validate_native(saved)
 
         def copy(tmp: Path) -> None:
             shutil.copytree(saved.folder, tmp, dirs_exist_ok=True)
@@ -96,7 +99,6 @@ def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dty
             (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
 
         return write_folder(out, copy)
-    check_allowed(saved, fmt)
     if fmt in FOLDER_FORMATS:
 
         def fill_engine_folder(tmp: Path) -> None:
@@ -146,9 +148,7 @@ def check_out(out: Path, fmt: str, saved: SavedDrafter, overwrite: bool) -> None
                                   "another folder")
         if not overwrite:
             raise DraftheadsError(f"--out {out} holds a previous '{fmt}' export; pass --overwrite to replace it")
-    parent = next(p for p in [out, *out.parents] if p.exists())
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise DraftheadsError(f"cannot write --out {out}: {parent} is not a writable folder; choose another place")
+    check_writable(out, "--out", published=True)  # built beside it and renamed in (core/folders.py)
 
 
 def holds_training_work(folder: Path) -> bool:
@@ -164,20 +164,6 @@ def previous_export(folder: Path) -> str | None:
     if not (folder / PROVENANCE).is_file():
         return None
     return read_export_record(folder).get("format")
-
-
-def validate_native(saved: SavedDrafter) -> None:
-    """The folder must be loadable: its head config builds and its tensors match that head."""
-    try:
-        target_config = saved.target_config()
-    except DraftheadsError:
-        return  # nothing to build against: the config and tensors parsed, which is all we can check
-    expected = {k: tuple(v.shape) for k, v in new_drafter(saved.head, target_config).files.module.state_dict().items()}
-    found = {k: tuple(v.shape) for k, v in saved.state.items()}
-    if expected != found:
-        diff = sorted(set(expected.items()) ^ set(found.items()))[:3]
-        raise DraftheadsError(f"{saved.folder / WEIGHTS} does not match its config.json (e.g. {diff}); re-save "
-                              "the drafter")
 
 
 # ---- which formats a drafter may go to --------------------------------------------------------

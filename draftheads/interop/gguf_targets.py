@@ -22,6 +22,7 @@ import numpy as np
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import write_file_atomic
+from draftheads.core.writable import check_writable
 from draftheads.interop.llama_cpp_build import install_llama_cpp
 
 QUANT_TYPES = {"q4_0": gguf.GGMLQuantizationType.Q4_0, "q4_1": gguf.GGMLQuantizationType.Q4_1,
@@ -38,6 +39,7 @@ def requantize_gguf(source: Path, out: Path, qtype: str) -> Path:
     """`source` with its quantized tensors quantized again to `qtype` (q4_0, q4_1, q5_0, q5_1, q8_0)."""
     if qtype not in QUANT_TYPES:
         raise DraftheadsError(f"cannot requantize to '{qtype}'; choose one of {', '.join(QUANT_TYPES)}")
+    check_writable(out, "--out", file=True)  # before every tensor is read and quantized again
     reader = gguf.GGUFReader(source)
     arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
 

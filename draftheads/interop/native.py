@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,17 +146,25 @@ def load_native(folder: Path, config: dict, target):
     return place_like(drafter, target)
 
 
-def check_target(saved: dict | None, target, folder: Path) -> None:
-    """Refuse a target whose architecture, hidden size or vocabulary differs from the saved one."""
+def check_target(saved: dict | None, target, folder: Path, fix: str = "load it with") -> None:
+    """Refuse a target whose architecture, hidden size or vocabulary differs from the saved one. `target` is a model
+    or, where only its config is at hand (export), its config."""
     if not saved:
         return  # saved without a target: nothing to compare against
-    current = target_summary(target)
+    current = target_summary(target) if isinstance(target, torch.nn.Module) else config_summary(target)
     for key in CHECKED:
-        if saved.get(key) is not None and saved[key] != current[key]:
+        if saved.get(key) is not None and current[key] is not None and saved[key] != current[key]:
             raise DraftheadsError(
                 f"drafter {folder} was trained for a target with {key} {saved[key]} but this target has {key} "
-                f"{current[key]}; load it with {saved.get('name') or 'the original target'}"
+                f"{current[key]}; {fix} {saved.get('name') or 'the original target'}"
             )
+
+
+def config_summary(config) -> dict:
+    """target_summary's checked fields from a target's config alone (a text config may name no architecture)."""
+    dims = target_dims(config)
+    return {"architecture": (getattr(config, "architectures", None) or [None])[0],
+            "hidden_size": dims.hidden_size, "vocab_size": dims.vocab_size}
 
 
 def read_weights(file: Path) -> dict[str, torch.Tensor]:
@@ -288,6 +297,34 @@ class SavedDrafter:
             raise DraftheadsError("this export needs the target's config but the drafter records no target; pass "
                                   "--target PATH_OR_HUB_ID")
         return locate_target(name)
+
+
+def check_fits_target(saved: SavedDrafter) -> None:
+    """What loading `saved` for its target checks (check_target, then load_weights' strict shapes), from the target's
+    config alone: export runs it before writing tensors no engine could load. With no target config to read there
+    is nothing to build against, and a note says so."""
+    try:
+        config = saved.target_config()
+    except DraftheadsError as e:
+        print(f"note: {saved.folder} is not checked against its target ({e})", file=sys.stderr)
+        return
+    check_target(saved.config.get("target"), config, saved.folder, "export it with --target")
+    with torch.device("meta"):  # shapes only: a large drafter's weights are never allocated
+        module = new_drafter(saved.head, config).files.module
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    found = {k: tuple(v.shape) for k, v in saved.state.items()}
+    missing, unexpected = sorted(expected.keys() - found.keys()), sorted(found.keys() - expected.keys())
+    if missing or unexpected:
+        parts = (([f"missing {missing[:3]}"] if missing else [])
+                 + ([f"unexpected {unexpected[:3]}"] if unexpected else []))
+        raise DraftheadsError(f"{saved.folder / WEIGHTS} does not match its config.json ({'; '.join(parts)}); "
+                              "re-save the drafter")
+    wrong = sorted(k for k in expected if expected[k] != found[k])
+    if wrong:
+        raise DraftheadsError(
+            f"{saved.folder / WEIGHTS} does not fit the target {saved.target_name() or ''} ({len(wrong)} tensor(s) of "
+            f"other shapes, e.g. {wrong[0]} {list(found[wrong[0]])} where this target needs {list(expected[wrong[0]])})"
+            "; export it with the target it was trained for (--target), or retrain it for this one")
 
 
 def read_target_tensor(name: str, keys: tuple[str, ...]) -> torch.Tensor:

@@ -17,12 +17,25 @@ import torch
 from draftheads.core.errors import DraftheadsError
 from draftheads.data.datastore import COLUMNS
 
+NO_ANSWER = np.iinfo(np.int64).max  # first_answers of a row without an answer token
 
 
 def row_lengths(rows, max_length: int) -> np.ndarray:
     """Token count of every row after truncation to max_length, [n]."""
     lengths = np.fromiter((len(ids) for ids in rows.with_format(None)["input_ids"]), dtype=np.int64, count=len(rows))
     return np.minimum(lengths, max_length)
+
+
+def first_answers(rows) -> np.ndarray:
+    """[n] the position of each row's first answer token a drafter can learn (loss-masked, after position 0, which
+    nothing comes before); NO_ANSWER for a row without one. Cut to max_length, a row keeps one iff this < max_length."""
+    first = np.full(len(rows), NO_ANSWER, dtype=np.int64)
+    for start in range(0, len(rows), 1024):
+        for j, mask in enumerate(rows[start : start + 1024]["loss_mask"]):
+            hits = np.flatnonzero(np.asarray(mask)[1:])
+            if len(hits):
+                first[start + j] = hits[0] + 1
+    return first
 
 
 def split_rows(n: int, eval_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -21,6 +21,7 @@ from datasets import concatenate_datasets
 from draftheads.core.drafter import TrainableDrafter
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.run_folder import COMPLETE, incomplete_checkpoints
+from draftheads.core.writable import check_writable
 from draftheads.data.datastore import COLUMNS, load_rows, read_meta
 from draftheads.data.hardware import check_cpu_launch, resolve_device, resolve_dtype
 from draftheads.data.target import load_target
@@ -108,6 +109,7 @@ def make_accelerator(recipe):
     check_cpu_launch("train")
     device = resolve_device(recipe.target.device)  # cuda asked for without a GPU would train on the CPU, silently
     check_trackers(recipe.log.trackers)
+    check_output_locations(recipe)
     run_dir = recipe.run_dir
     prepare_environment(recipe.log, run_dir)
     # 'auto' on a machine without a GPU is the CPU too: told nothing, Accelerate would start each launched process
@@ -132,6 +134,17 @@ def make_accelerator(recipe):
     return accelerator
 
 
+def check_output_locations(recipe) -> None:
+    """The run folder, and a feature cache train.feature_cache places, must take files before the target loads: found
+    later, they end the run at its first checkpoint (or the cache's first shard) with a traceback."""
+    cfg = recipe.train
+    check_writable(recipe.run_dir, "train.output_dir")
+    cache = Path(cfg.feature_cache) if cfg.feature_cache else None
+    # a complete offline cache is only read (it may sit on a read-only share); a hybrid cache is written as it goes
+    if cache and (cfg.mode == "hybrid" or cfg.mode == "offline" and not (cache / "manifest.json").is_file()):
+        check_writable(cache, "train.feature_cache")
+
+
 def setup(recipe, accelerator, target=None, drafter=None) -> Run:
     """Target, drafter, data, optimizer and schedule, prepared; state restored from a checkpoint if resuming."""
     cfg = recipe.train
@@ -142,13 +155,13 @@ def setup(recipe, accelerator, target=None, drafter=None) -> Run:
         raise DraftheadsError("train.mode=hybrid computes features only for rows not cached yet, but a sharded "
                               "target needs every process to run the same forwards; use train.mode=offline with "
                               "train.shard_target")
+    rows = training_rows(recipe)  # read and cut to train.max_length before the target loads: refusals come first
+    lengths = B.row_lengths(rows, cfg.max_length)
+    train_idx, eval_idx = split_answered(recipe, rows, accelerator)
     model = _target_model(recipe, accelerator, target)
     recipe.resolve(model.config)
     place_target(recipe, accelerator, model)
     set_seed(cfg.seed)  # the drafter's initial weights depend on the seed only
-    rows = training_rows(recipe)
-    lengths = B.row_lengths(rows, cfg.max_length)
-    train_idx, eval_idx = B.split_rows(len(rows), cfg.eval_fraction, cfg.seed)
     if drafter is None:
         drafter = initial_drafter(recipe, model, rows, train_idx)
     drafter.to(device=accelerator.device, dtype=torch.float32)  # fp32 master weights; autocast does bf16/fp16
@@ -188,6 +201,28 @@ def training_rows(recipe):
     # plain format to concatenate, then the numpy view load_rows gives; the old rows keep their places (and shards)
     rows = concatenate_datasets([part.with_format(None).select_columns(list(COLUMNS)) for part in parts])
     return rows.with_format("numpy", columns=list(COLUMNS))
+
+
+def split_answered(recipe, rows, accelerator) -> tuple[np.ndarray, np.ndarray]:
+    """(train, eval) indices of the rows with an answer token left once cut to train.max_length. A row without one
+    adds no loss, and a batch of only such rows leaves nothing to backpropagate: they are left out with a note, and
+    refused in one line when no row is left."""
+    cfg = recipe.train
+    first = B.first_answers(rows)
+    kept = np.flatnonzero(first < cfg.max_length)
+    if len(kept) == 0 and first.min() == B.NO_ANSWER:
+        raise DraftheadsError(f"none of the {len(rows)} training rows has an answer token after its first token; "
+                              "regenerate the data with `draftheads data`, whose rows mark the target's answers")
+    if len(kept) == 0:
+        earliest = int(first.min())
+        raise DraftheadsError(f"train.max_length={cfg.max_length} leaves no answer token in any of the {len(rows)} "
+                              f"training rows (the earliest answer starts at token {earliest}); raise "
+                              f"train.max_length above {earliest}")
+    if len(kept) < len(rows):
+        accelerator.print(f"draftheads: {len(rows) - len(kept)} of {len(rows)} rows keep no answer token within "
+                          f"train.max_length={cfg.max_length} and are left out; raise train.max_length to keep them")
+    train, held = B.split_rows(len(kept), cfg.eval_fraction, cfg.seed)
+    return kept[train], kept[held]  # every row kept: the split of all rows, as before
 
 
 def data_target(folder: Path) -> str | None:

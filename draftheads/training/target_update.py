@@ -32,6 +32,7 @@ from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import write_folder
 from draftheads.core.state_files import read_json
+from draftheads.core.writable import check_writable
 from draftheads.data.datastore import read_meta
 from draftheads.data.hardware import resolve_device, resolve_dtype
 from draftheads.data.target import load_target
@@ -80,6 +81,7 @@ def update_target(data: str | Path, out: str | Path, config: UpdateConfig | None
     if reused(out, record):
         progress(f"draftheads update-target: {out} already holds this update; reused")
         return out
+    check_writable(out, "--out", published=True)  # now, not after the fine-tuning
     rows = load_rows(data)
     model, tokenizer = target if target is not None else load_target(config.base, dtype="fp32", device="cpu")
     trainable = trainable_model(model, config)

@@ -651,6 +651,43 @@ def test_native_export_validates_and_copies(natives, tmp_path):
         export_drafter(broken, "native", tmp_path / "bad")
 
 
+# a head each format loads, from the fixtures above (no tiny target makes a drafter deepseek-mtp takes)
+FITS = {"native": "medusa-shared", "vllm": "eagle3", "sglang": "eagle", "tgi": "medusa-own", "speculators": "eagle3",
+        "llama.cpp": "eagle3"}
+
+
+@pytest.fixture(scope="module")
+def narrow(tmp_path_factory, tokenizer):
+    """(model, folder): a Llama target of hidden size 32, which no drafter of `natives` (hidden 64) fits."""
+    folder = tmp_path_factory.mktemp("target-narrow")
+    model = make_target("llama", tokenizer, hidden_size=32, intermediate_size=64)
+    model.save_pretrained(folder)
+    return model, folder
+
+
+@pytest.mark.parametrize("fmt", list(FITS))
+def test_a_drafter_that_does_not_fit_the_target_is_refused_as_eval_refuses_it(fmt, natives, narrow, tmp_path):
+    """Export makes the check loading makes (issue 52: it wrote tensors no engine could load, with exit 0)."""
+    model, folder = narrow
+    _, native = natives("llama", FITS[fmt])
+    with pytest.raises(DraftheadsError, match="hidden_size 64 but this target has hidden_size 32; export it with "
+                                              "--target"):
+        export_drafter(native, fmt, tmp_path / "recorded", target=str(folder))
+    # a config.json that records this target's sizes, over weights made for hidden 64: the shapes themselves refuse
+    lying = tmp_path / "lying"
+    lying.mkdir()
+    config = json.loads((native / "config.json").read_text())
+    config["target"]["hidden_size"] = 32
+    (lying / "config.json").write_text(json.dumps(config))
+    (lying / "model.safetensors").write_bytes((native / "model.safetensors").read_bytes())
+    with pytest.raises(DraftheadsError, match="does not fit the target .* where this target needs \\[.*32") as info:
+        export_drafter(lying, fmt, tmp_path / "shapes", target=str(folder))
+    assert "\n" not in str(info.value)
+    with pytest.raises(DraftheadsError):
+        load_drafter(lying, model)  # what eval does with the same folder
+    assert not (tmp_path / "recorded").exists() and not (tmp_path / "shapes").exists()
+
+
 # ---- public reference layouts ------------------------------------------------------------------
 
 def test_medusa_v01_reference_layout_loads(targets, tmp_path):

@@ -51,3 +51,12 @@ def test_unknown_types_are_refused(tiny_gguf, tmp_path):
     with pytest.raises(DraftheadsError, match="choose one of q4_0"):
         requantize_gguf(tiny_gguf[0], tmp_path / "x.gguf", "q3_k")
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_the_source_is_read(tiny_gguf, tmp_path):
+    """Issue 52: the whole GGUF was read and quantized again before the write failed with a traceback."""
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(DraftheadsError, match="cannot write --out .*afile is a file, not a writable folder"):
+        requantize_gguf(tmp_path / "not-read.gguf", tmp_path / "afile" / "q4_0.gguf", "q4_0")  # no such source
+    with pytest.raises(DraftheadsError, match="is a folder; give --out a file name"):
+        requantize_gguf(tiny_gguf[0], tmp_path, "q4_0")

@@ -312,3 +312,25 @@ def test_medusa2_checkpoints_hold_the_adapter_not_the_frozen_target(tmp_path, da
                                        resume=str(run_dir / "step_000002")),
                            target=make_target("llama", tokenizer))  # more steps: a deliberate continuation
     assert json.loads((resumed / "final" / "metrics.json").read_text())["steps"] == 3
+
+
+def test_output_locations_are_checked_before_the_target_loads_and_a_complete_cache_only_read(data_dir, tmp_path,
+                                                                                            monkeypatch):
+    """Issue 52: a run folder or feature cache it cannot write ended the run at its first write, in a traceback.
+    Read-only folders are simulated (as root os.access says yes to all); a complete offline cache is only read."""
+    from draftheads.training.setup import check_output_locations
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setattr(os, "access", lambda path, mode: os.fspath(path) != os.fspath(cache))
+    online = tiny_recipe(data_dir, tmp_path / "run", feature_cache=str(cache))
+    check_output_locations(online)  # online runs write no cache
+    offline = tiny_recipe(data_dir, tmp_path / "run", mode="offline", feature_cache=str(cache))
+    with pytest.raises(DraftheadsError, match="cannot write train.feature_cache .*permission denied"):
+        check_output_locations(offline)
+    (cache / "manifest.json").write_text("{}")
+    check_output_locations(offline)
+    with pytest.raises(DraftheadsError, match="cannot write train.feature_cache"):
+        check_output_locations(tiny_recipe(data_dir, tmp_path / "run", mode="hybrid", feature_cache=str(cache)))
+    with pytest.raises(DraftheadsError, match="cannot write train.output_dir"):
+        check_output_locations(tiny_recipe(data_dir, cache / "run"))

@@ -70,3 +70,10 @@ def test_labels_cover_the_answers_only(rows_dir):
 def test_bad_update_settings_are_one_line_errors(bad, match):
     with pytest.raises(DraftheadsError, match=match):
         UpdateConfig(**bad)
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_any_work(rows_dir, tmp_path):
+    """Issue 52: the update trained, then died on its mkdir. The base here does not exist: refused before it loads."""
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(DraftheadsError, match="cannot write --out .*afile is a file, not a writable folder"):
+        update_target(rows_dir, tmp_path / "afile" / "u", UpdateConfig(base=str(tmp_path / "no-target")))
