@@ -16,6 +16,7 @@ from draftheads.decoding.suffix import OutputCache, SuffixDrafter, grow_tree
 from draftheads.decoding.suffix_tree import SuffixTrie
 from tests.decoding.stubs import RandomDrafter
 from tests.decoding.test_greedy import plain, prompt_ids, target
+from tests.margins import at_least
 
 
 def counts(trie: SuffixTrie) -> dict[tuple[int, ...], int]:
@@ -137,7 +138,8 @@ def test_suffix_decoding_speeds_up_a_repetitive_generation_and_a_repeated_reques
     first = speculative_generate(target("llama"), drafter, prompt_ids(), 40, eos_token_id=[])
     again = speculative_generate(target("llama"), drafter, prompt_ids(), 40, eos_token_id=[])
     assert first.tokens.tolist() == again.tokens.tolist() == plain("llama", "sdpa", 40).tokens.tolist()
-    assert first.stats.tau > 1.5 and again.stats.tau > first.stats.tau and again.stats.steps <= 10
+    at_least(first.stats.tau, 1.5, "tau, first request")   # 1.95 under every kernel setting tried
+    assert again.stats.tau > first.stats.tau and again.stats.steps <= 10
 
 
 def test_a_combination_grafts_every_branch_of_the_suffix_tree_onto_the_learned_one():

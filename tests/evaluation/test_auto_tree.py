@@ -13,6 +13,7 @@ from draftheads.decoding.generate import speculative_generate
 from draftheads.evaluation.auto_tree import auto_tree, expected_accepted, from_topk, path_value
 from tests.decoding.stubs import OracleDrafter
 from tests.decoding.test_greedy import prompt_ids, target
+from tests.margins import at_least
 
 TABLE = [[0.55, 0.2, 0.1], [0.45, 0.15, 0.1], [0.35, 0.2, 0.05]]
 
@@ -60,4 +61,5 @@ def test_rank_accuracy_measured_in_a_run_builds_a_tree():
     tree = auto_tree(table, 8)
     assert tree.num_nodes == 9 and set(tree.paths) <= set(wide.paths)
     drafter = OracleDrafter(model, int(prompt_ids()[0, 0]), noise=0.2, seed=3, tree=tree, swap=0.3)
-    assert speculative_generate(model, drafter, prompt_ids(), 60, eos_token_id=[]).stats.tau > 1.2
+    tau = speculative_generate(model, drafter, prompt_ids(), 60, eos_token_id=[]).stats.tau
+    at_least(tau, 1.2, "tau")   # 2.57 under every kernel setting tried: an oracle drafter, no training

@@ -10,6 +10,7 @@ from draftheads.evaluation.drift import predicted_tau, run_drift
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.target_shift import target_shift
 from tests.fixtures import make_target, make_tokenizer
+from tests.margins import at_least, at_most
 from tests.training.train_helpers import make_dataset
 
 
@@ -30,7 +31,10 @@ def test_a_target_agrees_with_itself_and_not_with_another(pair, rows):
     same = target_shift(old, old, rows)
     assert same.agreement == 1.0 and abs(same.kl) < 1e-5 and same.positions > 50 and same.rows == 6
     moved = target_shift(old, other, rows)
-    assert moved.agreement < 0.5 and moved.kl > 0.01 and moved.positions == same.positions
+    # two random targets: agreement 0.0 and KL 1.65 under every kernel setting tried
+    at_most(moved.agreement, 0.5, "argmax agreement with another target")
+    at_least(moved.kl, 0.01, "KL to another target")
+    assert moved.positions == same.positions
 
 
 def test_shift_counts_equal_a_hand_count(pair, rows):

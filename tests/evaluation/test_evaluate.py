@@ -31,6 +31,7 @@ from draftheads.evaluation.results import build_rows
 from draftheads.evaluation.summary import chain_speedup, estimate_alpha, summarise
 from tests.decoding.stubs import OracleDrafter, RandomDrafter
 from tests.fixtures import make_target, make_tokenizer
+from tests.margins import at_least
 
 PROMPTS = ["Write a function that returns the sum of a list of numbers.", "for i in range(10):\n    print(i * i)\n"]
 
@@ -189,7 +190,10 @@ def test_switch_keeps_greedy_output_and_drafts_lookup_alone_in_a_loop():
             return proposal
         drafter.propose = counted
         out = speculative_generate(model, drafter, PROMPTS[2], 60, tree="chain:3", eos_token_id=[])
-        assert out.rows == plain.rows and out.stats.tau > 2
+        assert out.rows == plain.rows
+        # 2.27 under every kernel setting tried (native AMX, avx2, default, one thread, oneDNN AVX2): the loop's
+        # text is the same greedy text on each
+        at_least(out.stats.tau, 2.0, f"tau, switch={switch}")
     assert sum(alone) >= 3
 
 
@@ -447,7 +451,7 @@ def test_tau_from_an_earlier_report_feeds_the_prediction_of_matching_rows(eagle_
     assert all(r["predicted_from"] == "calibration" for r in report["results"] if r["rule"] == "strict")
     assert "has no row with tree" in capsys.readouterr().out
     assert "predicted from an earlier evaluation" in (second / "report.md").read_text()
-    with pytest.raises(DraftheadsError, match="not a draftheads eval report"):
+    with pytest.raises(DraftheadsError, match=r"bad.json is damaged \(lacks .results., .settings.\); give the report"):
         (tmp_path / "bad.json").write_text("{}")
         run_eval([str(folder)], dataclasses.replace(config, tau_from=str(tmp_path / "bad.json")),
                  out=str(tmp_path / "third"), **run)

@@ -33,6 +33,21 @@ def row_batch(ids: torch.Tensor, features: torch.Tensor, **extra) -> dict:
     return {"input_ids": ids, "attention_mask": ones, "loss_mask": ones, "features": features, **extra}
 
 
+def decisive_target(family: str = "qwen3"):
+    """A tiny target whose greedy continuation is decided: its logits 8x those of the fixtures' targets.
+
+    The fixtures' targets are nearly flat (entropy 5.2 nats of ln 384 = 5.95; top-2 gaps along a continuation down
+    to 2e-4), so which of two near-tied tokens a soft-label fit ranks first is settled by float rounding, and differs
+    between CPUs. Scaled, the smallest gap along continuation_batch's answer is 0.013 and 39 of its 40 exceed 0.05;
+    the argmax, hence the continuation, is unchanged."""
+    from tests.fixtures import make_target
+
+    target = make_target(family)
+    with torch.no_grad():
+        target.get_output_embeddings().weight.mul_(8.0)
+    return target
+
+
 def continuation_batch(target, feature_layers, prompt_len: int = 6, new_tokens: int = 40):
     """(prompt [1, p], answer [1, n], batch): the target's own greedy continuation of a random prompt, as one row
     whose answer tokens are counted, for tests that train a drafter on it and draft it back."""

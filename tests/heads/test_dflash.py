@@ -11,6 +11,7 @@ from draftheads.heads.block_training import block_inputs, block_labels, block_vi
 from draftheads.heads.dflash import default_target_layers
 from tests.fixtures import make_target
 from tests.heads.batches import continuation_batch, perturb, row_batch, target_features, train_steps
+from tests.margins import at_least, at_most
 
 BLOCK = 4
 
@@ -122,7 +123,11 @@ def test_a_trained_drafter_drafts_the_continuation_it_learned(target):
     prompt, answer, batch = continuation_batch(target, drafter.feature_layers)
     drafter.train()
     losses, _ = train_steps(drafter, batch, steps=150, lr=3e-3)
-    assert losses[-1] < 0.1 * losses[0]
+    # hard labels on one row: 0.0014 under every kernel setting tried (native AMX, ATEN_CPU_CAPABILITY=avx2 and
+    # =default, OMP_NUM_THREADS=1, ONEDNN_MAX_CPU_ISA=AVX2), 70x below the bound
+    at_most(losses[-1] / losses[0], 0.1, "loss ratio")
     out = speculative_generate(target, drafter.eval(), prompt, 40, eos_token_id=[])
     assert out.tokens.tolist() == answer.tolist()
-    assert out.stats.tau > 3.0, out.stats.tau   # of at most 4 (block 4: 3 drafts and the bonus token)
+    # of at most 3.9 (3 drafts and the bonus per forward; 39 tokens after the prefill's): 3.9 under every setting;
+    # 13 forwards, 3 more than measured, still pass
+    at_least(out.stats.tau, 3.0, "tau")

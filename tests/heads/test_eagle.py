@@ -14,6 +14,7 @@ from draftheads.heads.eagle3 import Eagle3Config
 from draftheads.heads.factory import KINDS as HEAD_KINDS
 from draftheads.heads.factory import new_drafter
 from tests.heads.batches import train_steps
+from tests.margins import at_least, at_most
 
 STATIC_TREE = Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (0, 0, 0, 0)])
 
@@ -262,18 +263,34 @@ def test_set_draft_vocab_picks_most_frequent(llama_target):
     assert eagle1.t2d[eagle1.propose(STATIC_TREE).tokens[0, 1:]].all()
 
 
+def loss_floor(drafter, batch) -> float:
+    """The lowest loss training can reach: soft CE cannot go below the (draft-vocabulary-restricted) target's
+    entropy at each unroll step's positions; EAGLE-1 weighs it by token_loss_weight (its feature loss can reach 0)."""
+    config = drafter.config
+    weight = getattr(config, "token_loss_weight", 1.0) if isinstance(config, EagleConfig) else 1.0
+    floor = 0.0
+    for step in range(config.ttt_steps):
+        mask = shift_mask(batch, step + 2)
+        target_f = batch["features"][:, step + 1 : step + 1 + mask.shape[1], -drafter.hidden_size :][mask]
+        entropy = torch.special.entr(drafter.target_logits(target_f).softmax(-1)).sum(-1).mean().item()
+        floor += config.ttt_decay**step * weight * entropy
+    return floor
+
+
 @pytest.mark.parametrize("eagle3", KINDS, ids=KIND_IDS)
 def test_training_reduces_loss(llama_target, eagle3):
     drafter = make_drafter(llama_target, eagle3, ttt_steps=1 if eagle3 is True else 2).train()
     batch = make_batch(llama_target, drafter, b=2, s=16, generated=True)
-    floor = 0.0
-    if eagle3:  # as the training loop does; soft CE cannot go below the restricted target's entropy
+    if eagle3:  # as the training loop does
         drafter.set_draft_vocab(torch.bincount(batch["input_ids"].flatten(), minlength=llama_target.config.vocab_size))
-        target_f = batch["features"][:, 1:-1, -llama_target.config.hidden_size :][shift_mask(batch, 2)]
-        floor = torch.special.entr(drafter.target_logits(target_f).softmax(-1)).sum(-1).mean().item()
+    with torch.no_grad():
+        floor = loss_floor(drafter, batch)
     losses, hits = train_steps(drafter, batch)
-    assert losses[-1] - floor < 0.6 * (losses[0] - floor), (floor, losses)
-    assert hits[-1] > hits[0], hits
+    # 0.150 / 0.149 / 0.095 (eagle, eagle-vocab, eagle3) under every kernel setting tried, 4x below the bound; the
+    # hits rose by 15-17 of 32. (The floor was once the entropy for EAGLE-1 too, whose soft CE weighs 0.1: the
+    # first loss lay below it and the bound held only because the difference was negative.)
+    at_most((losses[-1] - floor) / (losses[0] - floor), 0.6, "loss above the floor, last / first")
+    at_least(hits[-1] - hits[0], 1, "depth-1 hits gained")
 
 
 def test_token_loss_on_a_random_share_of_positions(llama_target):

@@ -11,6 +11,7 @@ from draftheads.core.tree import DynamicTreeSpec, Tree
 from draftheads.heads.factory import KINDS
 from draftheads.heads.mtp import MTPConfig, MTPDrafter
 from tests.heads.batches import train_steps
+from tests.margins import at_least, at_most
 
 TREE = Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (1, 0, 0)])
 
@@ -138,8 +139,10 @@ def test_training_reduces_loss(llama_target):
     drafter = make_drafter(llama_target, depth=2).train()
     batch = make_batch(llama_target, s=16, generated=True)
     losses, hits = train_steps(drafter, batch)
-    assert losses[-1] < 0.5 * losses[0], losses
-    assert hits[-1] > hits[0], hits
+    # 0.018 under every kernel setting tried (native AMX, avx2, default, one thread, oneDNN AVX2), 27x below; the
+    # hits rose by 27 of 28
+    at_most(losses[-1] / losses[0], 0.5, "loss ratio")
+    at_least(hits[-1] - hits[0], 1, "depth-1 hits gained")
 
 
 def test_draft_vocabulary(llama_target):

@@ -9,7 +9,15 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.decoding.generate import speculative_generate
 from draftheads.heads.peagle_training import cod_slots, parallel_forward, slot_visible
 from tests.fixtures import make_target
-from tests.heads.batches import continuation_batch, perturb, row_batch, target_features, train_steps
+from tests.heads.batches import (
+    continuation_batch,
+    decisive_target,
+    perturb,
+    row_batch,
+    target_features,
+    train_steps,
+)
+from tests.margins import at_least, at_most
 
 DEPTHS = 4
 CLOSE = {"atol": 1e-4, "rtol": 1e-4}  # fp32 sums over differently masked key sets
@@ -27,13 +35,13 @@ def peagle(target, **cfg):
 
 
 def drafted_outputs(drafter, target, ids: torch.Tensor, anchor: int) -> torch.Tensor:
-    """The layer outputs of depths 1..DEPTHS drafted after observing positions 0..anchor (x_{anchor+1} pending):
-    [DEPTHS, H]."""
+    """The layer outputs of depths 1..D drafted after observing positions 0..anchor (x_{anchor+1} pending):
+    [D, H]."""
     drafter.reset()
     features = target_features(target, ids[:, : anchor + 1], None, drafter.feature_layers)
     drafter.observe(features, ids[:, 1 : anchor + 2])
     state = drafter._drafting
-    return torch.cat([state.root_out, state.slot_outputs(drafter, DEPTHS - 1)[0]], 0)
+    return torch.cat([state.root_out, state.slot_outputs(drafter, drafter.config.depths - 1)[0]], 0)
 
 
 def check_every_slot(drafter, target, batch, samples):
@@ -106,17 +114,42 @@ def test_a_tree_deeper_than_the_depths_is_refused_in_one_line(target):
         draftheads.build_drafter("peagle", target, depths=4, default_tree="chain:5")
 
 
-def test_a_trained_drafter_drafts_the_continuation_it_learned(target):
+@torch.no_grad()
+def mean_drafted_tv(drafter, target, ids: torch.Tensor, first_anchor: int) -> float:
+    """The mean total variation between each drafted slot's distribution and the target's own at that position,
+    over every anchor from `first_anchor` and every depth whose token is in `ids`."""
+    p = target(ids).logits[0].softmax(-1)   # p[t]: the target's law of x_{t+1}
+    distances = []
+    for a in range(first_anchor, ids.shape[1] - 2):
+        q = drafter.draft_logits(drafted_outputs(drafter, target, ids, a)).softmax(-1)
+        for d in range(min(drafter.config.depths, ids.shape[1] - 2 - a)):   # depth d + 1 drafts x_{a+d+2}
+            distances.append(0.5 * (q[d] - p[a + d + 1]).abs().sum().item())
+    return sum(distances) / len(distances)
+
+
+def test_a_trained_drafter_drafts_the_continuation_it_learned():
     """Trained on the target's own greedy continuation of a prompt, one pass drafts it: speculative decoding of that
-    prompt accepts most of every chain."""
+    prompt accepts most of every chain.
+
+    Margins, from 4 seeds x (native AMX, ATEN_CPU_CAPABILITY=avx2, =default) on a 2-core Xeon: mean drafted TV
+    0.013-0.032 (untrained: 0.99), argmax hits at least 36/38 per depth (0.947), tau 3.90 (39 tokens in 10
+    forwards) every time. On the fixtures' flat targets the same test missed its 0.9 hit rate on one CPU and its
+    tau on another: near-ties decided by rounding (tests/heads/batches.decisive_target)."""
+    target = decisive_target()
     torch.manual_seed(0)
     drafter = draftheads.build_drafter("peagle", target, depths=3, cod_min=1.0, input_noise=0.0)
     prompt, answer, batch = continuation_batch(target, drafter.feature_layers)
     drafter.train()
     losses, _ = train_steps(drafter, batch, steps=150, lr=3e-3)
     assert losses[-1] < losses[0]   # soft labels: the floor is the target's entropy, not 0
-    _, metrics = drafter.eval().training_loss(batch)
-    assert (metrics["correct"] >= 0.9 * metrics["total"]).all(), metrics   # each depth's argmax: the target's token
+    drafter.eval()
+    # the fit itself: a third of the worst mean TV measured, a tenth of the untrained drafter's
+    at_most(mean_drafted_tv(drafter, target, batch["input_ids"], prompt.shape[1] - 1), 0.1, "mean drafted TV")
+    _, metrics = drafter.training_loss(batch)
+    # each depth's argmax is the target's token at 85%: room for 3-4 more misses per depth than the worst measured
+    at_least((metrics["correct"] / metrics["total"]).min().item(), 0.85, "argmax hit rate, worst depth")
     out = speculative_generate(target, drafter, prompt, 40, eos_token_id=[])
     assert out.tokens.tolist() == answer.tolist()
-    assert out.stats.tau > 3.0, out.stats.tau   # of at most 4 (3 drafts and the bonus token)
+    # of at most 3.9 (3 drafts and the bonus per forward; 39 tokens after the prefill's): 13 forwards, 3 more than
+    # measured, still pass
+    at_least(out.stats.tau, 3.0, "tau")

@@ -20,6 +20,7 @@ from draftheads.training import batches as B
 from draftheads.training.loop import run_training
 from draftheads.training.metrics import acceptance_length
 from draftheads.training.setup import lr_factor
+from tests.margins import at_most
 from tests.training.train_helpers import Crash, crash_at, drafter_weights, max_weight_diff, tiny_recipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +48,10 @@ def test_each_head_learns_and_the_target_is_untouched(tmp_path, data_dir, llama_
     run_dir = run_training(recipe, target=llama_target)
     metrics = json.loads((run_dir / "final" / "metrics.json").read_text())
     losses = [h["loss"] for h in metrics["history"]]
-    assert len(losses) == 4 and losses[-1] < losses[0], losses
+    assert len(losses) == 4
+    # 24 steps lower the loss: the worst head (medusa-vocab) ends at 0.959 of its first logged loss under every
+    # kernel setting tried (native AMX, avx2, default, one thread, oneDNN AVX2), which moved it by less than 1e-4
+    at_most(losses[-1] / losses[0], 1.0, "logged loss, last / first")
     final = metrics["final_eval"]
     assert final["step"] == 24 and final["accept_len"] == pytest.approx(acceptance_length(final["acc"]))
     assert all(0 <= a <= 1 for a in final["acc"])

@@ -11,6 +11,7 @@ from draftheads.recipe import recipe_from_dict
 from draftheads.training import batches as B
 from draftheads.training.features import target_features
 from draftheads.training.loop import run_training
+from tests.margins import at_most
 from tests.training.test_loop import HEADS
 from tests.training.train_helpers import Crash, crash_at, max_weight_diff, tiny_recipe
 
@@ -108,4 +109,5 @@ def test_a_packed_run_learns_and_resumes_exactly(tmp_path, data_dir, llama_targe
     import json
 
     history = json.loads((straight / "final" / "metrics.json").read_text())["history"]
-    assert history[-1]["loss"] < history[0]["loss"]
+    # 0.895 under every kernel setting tried (native AMX, avx2, default, one thread, oneDNN AVX2), spread < 1e-4
+    at_most(history[-1]["loss"] / history[0]["loss"], 1.0, "logged loss, last / first")

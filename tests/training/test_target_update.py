@@ -10,6 +10,7 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.data.target import load_target
 from draftheads.training.target_update import MARKER, UpdateConfig, answer_batch, update_target
 from tests.fixtures import make_target
+from tests.margins import at_most
 from tests.training.train_helpers import make_dataset
 
 
@@ -29,7 +30,8 @@ def test_an_update_moves_the_weights_lowers_the_loss_and_loads_as_a_target(metho
                         target=fresh(tokenizer), progress=lambda line: None)
     record = json.loads((out / MARKER).read_text())
     assert record["settings"]["method"] == method and len(record["losses"]) == 12
-    assert sum(record["losses"][-3:]) < sum(record["losses"][:3])      # it learned the rows
+    # it learned the rows: 0.693-0.694 (lora and full alike within 0.1) under every kernel setting tried
+    at_most(sum(record["losses"][-3:]) / sum(record["losses"][:3]), 1.0, "loss of the last 3 steps / first 3")
     model, loaded_tokenizer = load_target(str(out), dtype="fp32")
     assert loaded_tokenizer.get_vocab() == tokenizer.get_vocab()
     moved = [name for name, weight in model.state_dict().items() if not torch.equal(weight, base[name])]
