@@ -59,6 +59,7 @@ def test_no_match_gives_the_root_alone_and_dynamic_trees_are_refused():
         PromptLookupDrafter(max_ngram=1, min_ngram=2)
 
 
+@pytest.mark.trains
 def test_lookup_speeds_up_a_repetitive_generation():
     """The tiny llama's greedy text repeats itself: lookup drafts are accepted, output is unchanged."""
     out = speculative_generate(target("llama"), PromptLookupDrafter(), prompt_ids(), 40, eos_token_id=[])

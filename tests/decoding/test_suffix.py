@@ -132,6 +132,7 @@ def test_rows_share_the_cache_and_the_oldest_outputs_leave_past_its_budget():
         SuffixDrafter(max_cached_tokens=-1)
 
 
+@pytest.mark.trains
 def test_suffix_decoding_speeds_up_a_repetitive_generation_and_a_repeated_request():
     """The tiny llama's greedy text repeats itself; asked the same again, the whole answer is in the cache."""
     drafter = SuffixDrafter()

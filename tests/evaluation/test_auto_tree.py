@@ -48,6 +48,7 @@ def test_from_topk_and_bad_tables():
         auto_tree([[1.5]], 2)
 
 
+@pytest.mark.trains
 def test_rank_accuracy_measured_in_a_run_builds_a_tree():
     """Greedy run with a wide full tree -> per-depth per-rank accuracies -> auto tree; the counts agree with
     the per-depth acceptance rates, and the auto tree's simulated length matches what it then achieves."""

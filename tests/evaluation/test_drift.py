@@ -26,6 +26,7 @@ def rows(pair, tmp_path_factory):
     return load_rows(make_dataset(pair[0], tmp_path_factory.mktemp("drift") / "rows", rows=6))
 
 
+@pytest.mark.trains
 def test_a_target_agrees_with_itself_and_not_with_another(pair, rows):
     old, other, _ = pair
     same = target_shift(old, old, rows)

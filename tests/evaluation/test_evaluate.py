@@ -173,6 +173,7 @@ def test_switch_verifies_the_lookup_chain_alone_while_text_is_copied():
     assert again.tree.num_nodes == 1 + 2 + 4 and again.tokens[0].tolist()[0] == 1
 
 
+@pytest.mark.trains
 def test_switch_keeps_greedy_output_and_drafts_lookup_alone_in_a_loop():
     """The tiny Qwen2's greedy text falls into loops: the switch verifies the lookup chain alone there, the
     output stays plain decoding's, and tau is the grafted combination's."""

@@ -115,6 +115,7 @@ def test_a_tree_deeper_than_the_block_is_refused_in_one_line(target):
         draftheads.build_drafter("dflash", target, block_size=4, default_tree="chain:5")
 
 
+@pytest.mark.trains
 def test_a_trained_drafter_drafts_the_continuation_it_learned(target):
     """Trained on the target's own greedy continuation of a prompt, the drafter's blocks hold it: speculative
     decoding of that prompt accepts most of every block."""

@@ -277,6 +277,7 @@ def loss_floor(drafter, batch) -> float:
     return floor
 
 
+@pytest.mark.trains
 @pytest.mark.parametrize("eagle3", KINDS, ids=KIND_IDS)
 def test_training_reduces_loss(llama_target, eagle3):
     drafter = make_drafter(llama_target, eagle3, ttt_steps=1 if eagle3 is True else 2).train()

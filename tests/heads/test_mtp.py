@@ -135,6 +135,7 @@ def test_dynamic_tree_and_depth_limit(llama_target):
         drafter.propose(DynamicTreeSpec(2, 3, 5))
 
 
+@pytest.mark.trains
 def test_training_reduces_loss(llama_target):
     drafter = make_drafter(llama_target, depth=2).train()
     batch = make_batch(llama_target, s=16, generated=True)

@@ -127,6 +127,7 @@ def mean_drafted_tv(drafter, target, ids: torch.Tensor, first_anchor: int) -> fl
     return sum(distances) / len(distances)
 
 
+@pytest.mark.trains
 def test_a_trained_drafter_drafts_the_continuation_it_learned():
     """Trained on the target's own greedy continuation of a prompt, one pass drafts it: speculative decoding of that
     prompt accepts most of every chain.

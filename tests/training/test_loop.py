@@ -40,6 +40,7 @@ HEADS = {
 }
 
 
+@pytest.mark.trains
 @pytest.mark.parametrize("head", list(HEADS))
 def test_each_head_learns_and_the_target_is_untouched(tmp_path, data_dir, llama_target, head):
     before = {k: v.clone() for k, v in llama_target.state_dict().items()}

@@ -94,6 +94,7 @@ def test_medusa2_packed_rows_keep_apart_inside_the_adapted_target(data_dir, toke
     torch.testing.assert_close(drafter.training_loss(packed)[0], drafter.training_loss(plain)[0], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.trains
 @pytest.mark.parametrize("mode", ["online", "offline"])
 def test_a_packed_run_learns_and_resumes_exactly(tmp_path, data_dir, llama_target, mode):
     head = HEADS["eagle3"]

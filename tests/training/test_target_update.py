@@ -23,6 +23,7 @@ def fresh(tokenizer):
     return make_target("llama", tokenizer), tokenizer
 
 
+@pytest.mark.trains
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_an_update_moves_the_weights_lowers_the_loss_and_loads_as_a_target(method, rows_dir, tokenizer, tmp_path):
     base = fresh(tokenizer)[0].state_dict()
