@@ -44,7 +44,8 @@ FAMILY_CONFIGS = {
                                   n_group=1, topk_group=1, **MOE)),
     "deepseek_v3": ("deepseek_v3", dict(
         q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8,
-        n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, **MOE)),
+        n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+        num_key_value_heads=4, **MOE)),   # MLA: as many key/value heads as query heads
 }
 FAMILIES = tuple(FAMILY_CONFIGS)
 HYBRID = ("qwen3_next", "qwen3_5")   # most layers are linear attention with a recurrent state

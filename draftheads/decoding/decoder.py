@@ -30,6 +30,7 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.sampling import sample, top1
 from draftheads.core.tree import DynamicTreeSpec, Tree
 from draftheads.decoding.accept import accept
+from draftheads.decoding.recurrent_state import Replay, has_recurrent_state
 from draftheads.decoding.stats import GenerationStats
 from draftheads.decoding.verify import compact_cache, new_cache, prefill, verify
 
@@ -74,6 +75,7 @@ class Decoder:
         self.target, self.drafter, self.settings, self.plain_above = target, drafter, settings, plain_above
         self.tree = ROOT_ONLY if drafter is None else tree
         self.feature_layers = tuple(drafter.feature_layers) if drafter is not None else ()
+        self.recurrent = has_recurrent_state(target)   # decoding/recurrent_state.py: chains, one row at a time
         budgets = max_new_tokens or [settings.max_new_tokens] * len(generators)
         drafters = ([drafter] + [copy.copy(drafter) for _ in generators[1:]] if drafter is not None
                     else [None] * len(generators))
@@ -134,6 +136,7 @@ class Decoder:
         width = max(t.num_nodes for t in trees)
         tokens = torch.stack([torch.nn.functional.pad(p.tokens[0], (0, width - p.tokens.shape[1])) for p in proposals])
         shared = len(proposals) == 1 and self.valid is None
+        replay = Replay(self.cache) if self.recurrent and width > 1 else None
         out = verify(self.target, self.cache, tokens, trees[0] if shared else trees,
                      () if plain else self.feature_layers, self.valid)
         s = self.settings
@@ -150,6 +153,9 @@ class Decoder:
             self.pending[r] = result.next_token[0]
         keep = paths[0] if shared else paths
         self.valid = compact_cache(self.cache, width, keep, None if shared else self._committed_slots(width))
+        if replay is not None and len(paths[0]) < width:   # one row, a chain: its state absorbed rejected drafts
+            replay.restore(self.cache, len(paths[0]))
+            verify(self.target, self.cache, tokens[:, paths[0]], Tree.chain(len(paths[0]) - 1))
         t2 = clock(device)
         for r, i in enumerate(self.live):
             row = self.rows[i]

@@ -19,7 +19,7 @@ from draftheads.core.tree import AutoTreeSpec, DynamicTreeSpec, Tree, parse_tree
 from draftheads.decoding.decoder import Decoder
 from draftheads.decoding.settings import decode_settings
 from draftheads.decoding.stats import GenerationStats
-from draftheads.decoding.verify import check_length
+from draftheads.decoding.recurrent_state import check_recurrent_target
 
 
 @dataclass
@@ -69,7 +69,7 @@ def speculative_generate(
     spec = resolve_tree(drafter, tree)
     if drafter is not None:
         check_drafter_fits(drafter, target)
-    check_length(target, max(len(p) for p in prompts) + max_new_tokens + (1 if spec is None else spec.num_nodes))
+    check_recurrent_target(target, spec, len(prompts))
     seeds = seed if isinstance(seed, (list, tuple)) else [seed + r for r in range(len(prompts))]
     if len(seeds) != len(prompts):
         raise DraftheadsError(f"give one seed per prompt: {len(seeds)} seeds for {len(prompts)} prompts")

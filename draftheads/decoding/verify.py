@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from draftheads.core.errors import DraftheadsError
+from draftheads.core.target_family import FULL, RECURRENT_TYPES, SLIDING, recurrent_layers, sliding_windows
 from draftheads.core.tree import Tree
 
 
@@ -28,30 +28,30 @@ class TargetOutput:
 
 
 def new_cache(target) -> DynamicCache:
-    """An empty cache of the kind the target's own generate() would build."""
+    """An empty cache for the target: of the kind its own generate() would build, except that sliding-window layers
+    keep every position like the others. A tree's nodes are compacted by slot index in every layer at once, and the
+    window is applied by the masks (`layer_masks`) instead of by dropping old entries."""
+    window, _ = sliding_windows(target.config)
+    if window is not None and not recurrent_layers(target.config):
+        return DynamicCache()
     return DynamicCache(config=target.config)
 
 
-def sliding_window(target) -> int | None:
-    """The smallest sliding attention window of the target, or None if it attends to everything."""
-    config = target.config.get_text_config(decoder=True)
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
-    if window is None or (layer_types is not None and "sliding_attention" not in layer_types):
-        return None
-    if getattr(config, "use_sliding_window", True) is False:
-        return None
-    return int(window)
-
-
-def check_length(target, total_len: int) -> None:
-    """Tree masks and compaction assume every cached position is kept: refuse to outgrow a sliding window."""
-    window = sliding_window(target)
-    if window is not None and total_len >= window:
-        raise DraftheadsError(
-            f"this target uses sliding-window attention (window {window}) and the prompt plus new tokens plus the "
-            f"draft tree need {total_len} positions; lower max_new_tokens or shorten the prompt"
-        )
+def layer_masks(target, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor):
+    """The attention mask(s) a verification forward passes: `mask` [b, 1, n, k] (additive) as it is, or, where the
+    target has sliding-window layers, also windowed (a query at position q sees keys at positions > q - window, as
+    transformers' own sliding masks do) and given per layer type. Recurrent layers see no mask: their state is the
+    prefix, and a chain's tokens come in order."""
+    window, every_layer = sliding_windows(target.config)
+    types = set(getattr(target.config.get_text_config(decoder=True), "layer_types", None) or [])
+    if window is not None:
+        far = (query_positions[:, :, None] - key_positions[:, None, :]) >= window   # [b, n, k]
+        windowed = mask.masked_fill(far[:, None].to(mask.device), torch.finfo(mask.dtype).min)
+        if every_layer and not types:
+            return windowed
+    if types <= {FULL}:
+        return mask
+    return {kind: windowed if kind == SLIDING else (None if kind in RECURRENT_TYPES else mask) for kind in types}
 
 
 def gather_features(hidden_states, layers: tuple[int, ...]) -> torch.Tensor | None:
@@ -92,15 +92,17 @@ def verify(target, cache: DynamicCache, tokens: torch.Tensor, tree: Tree | list[
     if valid is None and not isinstance(tree, list):  # one tree over whole rows: the mask every row shares
         mask = tree.attention_mask(prefix, dtype=target.dtype, device=tokens.device)
         positions = tree.position_ids(prefix, device=tokens.device).expand(b, -1)
+        keys = torch.cat([torch.arange(prefix, device=tokens.device)[None].expand(b, -1), positions], 1)
     else:
-        mask, positions = row_masks(trees, n, prefix, valid, target.dtype, tokens.device)
-    out = target(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-                 output_hidden_states=bool(feature_layers))
+        mask, positions, keys = row_masks(trees, n, prefix, valid, target.dtype, tokens.device)
+    out = target(input_ids=tokens, attention_mask=layer_masks(target, mask, positions, keys), position_ids=positions,
+                 cache=cache, use_cache=True, output_hidden_states=bool(feature_layers))
     return TargetOutput(out.logits, gather_features(out.hidden_states, feature_layers))
 
 
 def row_masks(trees: list[Tree], n: int, prefix: int, valid: torch.Tensor | None, dtype, device):
-    """([b, 1, n, prefix + n] additive mask, [b, n] positions) for one tree per row over its committed slots."""
+    """([b, 1, n, prefix + n] additive mask, [b, n] positions, [b, prefix + n] key positions) for one tree per row
+    over its committed slots."""
     b = len(trees)
     visible = torch.zeros(b, n, prefix + n, dtype=torch.bool)
     positions = torch.zeros(b, n, dtype=torch.long)
@@ -112,8 +114,9 @@ def row_masks(trees: list[Tree], n: int, prefix: int, valid: torch.Tensor | None
         visible[row, pad, prefix + pad] = True  # padding nodes see themselves: no row of the softmax is empty
         positions[row, : tree.num_nodes] = tree.depth_tensor + int(committed[row].sum())
         positions[row, tree.num_nodes :] = int(committed[row].sum())
+    keys = torch.cat([(committed.long().cumsum(-1) - 1).clamp(min=0), positions], 1)  # unused slots are hidden
     mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
-    return mask[:, None].to(device), positions.to(device)
+    return mask[:, None].to(device), positions.to(device), keys.to(device)
 
 
 def compact_cache(cache: DynamicCache, num_nodes: int, keep, valid: torch.Tensor | None = None) -> torch.Tensor | None:

@@ -20,22 +20,21 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
 
-from draftheads.core.target_dims import text_config
-from draftheads.heads.layers import full_attention_rope
+from draftheads.core.target_family import norm_eps, one_layer_config, whole_head_rope
 
 KV = tuple[torch.Tensor, torch.Tensor]  # keys, values [b, kv_heads, n, head_dim], keys rotated
 
 
 def block_layer_config(target_config, num_layers: int) -> Qwen3Config:
     """A Qwen3 config with the target's attention, MLP, rope and norm sizes and `num_layers` layers."""
-    t = text_config(target_config)
+    t = one_layer_config(target_config)
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
     return Qwen3Config(
         vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
         num_hidden_layers=num_layers, num_attention_heads=t.num_attention_heads,
         num_key_value_heads=getattr(t, "num_key_value_heads", None) or t.num_attention_heads, head_dim=head_dim,
         hidden_act="silu", max_position_embeddings=t.max_position_embeddings,
-        rms_norm_eps=getattr(t, "rms_norm_eps", 1e-6), attention_bias=False, rope_parameters=full_attention_rope(t),
+        rms_norm_eps=norm_eps(t), attention_bias=False, rope_parameters=whole_head_rope(t),
         tie_word_embeddings=False, use_sliding_window=False,
     )
 

@@ -20,11 +20,12 @@ from typing import Literal
 
 import torch
 from torch import nn
-from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims
+from draftheads.core.target_family import LayerRotary
 from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
 from draftheads.heads.block_drafting import BlockDrafting
 from draftheads.heads.block_layer import BlockLayer, block_layer_config
@@ -124,7 +125,7 @@ class DFlashDrafter(nn.Module):
         hidden = dims.hidden_size
         self.config = config
         self.hidden_size, self.vocab_size = hidden, dims.vocab_size
-        layer_config = block_layer_config(target_config, config.num_layers)
+        self.layer_config = layer_config = block_layer_config(target_config, config.num_layers)
         self.layers = nn.ModuleList(BlockLayer(layer_config) for _ in range(config.num_layers))
         self.fc = nn.Linear(len(config.target_layers) * hidden, hidden, bias=False)
         self.hidden_norm = Qwen3RMSNorm(hidden, eps=layer_config.rms_norm_eps)
@@ -144,7 +145,8 @@ class DFlashDrafter(nn.Module):
 
     def bind(self, target) -> "DFlashDrafter":
         """Share the target's frozen embedding, lm_head and rotary embedding (never trained or saved)."""
-        bind_parts(self, target, "DFlash", ("embed", "lm_head", "rotary"))
+        rotary = LayerRotary(self.layer_config, Qwen3RotaryEmbedding, None)
+        bind_parts(self, target, "DFlash", ("embed", "lm_head"), rotary=rotary)
         return self
 
     @property

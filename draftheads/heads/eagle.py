@@ -22,6 +22,7 @@ from torch import nn
 from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims
+from draftheads.core.target_family import layer_rotary
 from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
 from draftheads.heads import draft_layer
 from draftheads.heads.common import bind_frozen
@@ -82,12 +83,10 @@ class EagleDrafter(nn.Module):
         self.config = config
         self.hidden_size, self.vocab_size = dims.hidden_size, dims.vocab_size
         self.layer = build_decoder_layer(target_config)
-        if not hasattr(self.layer, "input_layernorm"):
-            raise DraftheadsError(f"{type(self.layer).__name__} has no input_layernorm; EAGLE does not support "
-                                  "this target")
         self.feature_layers = (-1,)
         self.fc = nn.Linear(2 * dims.hidden_size, dims.hidden_size, bias=True)
-        self.layer.input_layernorm = nn.Identity()  # f is already normalised by the target
+        if hasattr(self.layer, "input_layernorm"):  # post-norm families (OLMo 2) have none to drop
+            self.layer.input_layernorm = nn.Identity()  # f is already normalised by the target
         self.vocab = vocabulary(self, config.draft_vocab_size, dims.vocab_size)
         self.default_tree = parse_tree(config.default_tree)
         self.files = WeightsOnly(self)
@@ -100,7 +99,7 @@ class EagleDrafter(nn.Module):
 
     def bind(self, target) -> "EagleDrafter":
         """Share the target's frozen embedding, lm_head and rotary embedding (never trained or saved)."""
-        bind_parts(self, target, "EAGLE", ("embed", "lm_head", "rotary"))
+        bind_parts(self, target, "EAGLE", ("embed", "lm_head"), rotary=layer_rotary(self.layer))
         return self
 
     @property

@@ -22,7 +22,8 @@ from torch import nn
 
 from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
-from draftheads.core.target_dims import target_dims, text_config
+from draftheads.core.target_dims import target_dims
+from draftheads.core.target_family import layer_rotary, norm_eps
 from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
 from draftheads.heads import draft_layer
 from draftheads.heads.common import bind_frozen
@@ -125,7 +126,7 @@ class Eagle3Drafter(nn.Module):
         if not hasattr(self.layer, "input_layernorm"):
             raise DraftheadsError(f"{type(self.layer).__name__} has no input_layernorm; EAGLE does not support "
                                   "this target")
-        eps = getattr(text_config(target_config), "rms_norm_eps", 1e-6)
+        eps = norm_eps(target_config)
         # the target's hidden_states[l + 1] is the output of layer l, the input of layer l + 1
         self.feature_layers = tuple(layer + 1 for layer in config.feature_layers) + (-1,)
         self.fc = nn.Linear(3 * hidden, hidden, bias=False)
@@ -146,7 +147,7 @@ class Eagle3Drafter(nn.Module):
 
     def bind(self, target) -> "Eagle3Drafter":
         """Share the target's frozen embedding, lm_head (for the soft labels) and rotary embedding."""
-        bind_parts(self, target, "EAGLE-3", ("embed", "lm_head", "rotary"))
+        bind_parts(self, target, "EAGLE-3", ("embed", "lm_head"), rotary=layer_rotary(self.layer))
         return self
 
     @property

@@ -7,7 +7,6 @@ same call in training (causal or training-time-test masks) and in drafting (tree
 
 from __future__ import annotations
 
-import copy
 import functools
 import inspect
 
@@ -17,21 +16,25 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from draftheads.core.errors import DraftheadsError
-from draftheads.core.target_dims import text_config
+from draftheads.core.target_family import (
+    LayerRotary,
+    TargetEmbedding,
+    TargetHead,
+    norm_eps,
+    one_layer_config,
+    whole_head_rope,
+)
 from draftheads.heads.common import bind_frozen, decoder_layer_class
 
 ATTENTION_INPUTS = ("q_proj", "k_proj", "v_proj")
 
 
 def draft_layer_config(target_config):
-    """A one-layer copy of the target's (text) config for a draft layer.
+    """A one-layer copy of the target's (text) config for a draft layer (core/target_family.one_layer_config).
 
     Tree masks need an attention kernel that takes an arbitrary 4D mask: eager or SDPA.
     """
-    config = copy.deepcopy(text_config(target_config))
-    config.num_hidden_layers = 1
-    if getattr(config, "layer_types", None):
-        config.layer_types = ["full_attention"]  # draft contexts are short; no sliding window
+    config = one_layer_config(target_config)
     if config._attn_implementation not in ("eager", "sdpa"):
         config._attn_implementation = "sdpa"
     return config
@@ -46,33 +49,26 @@ def build_decoder_layer(target_config, kind: str = "target") -> nn.Module:
 
 
 def llama_layer_config(target_config):
-    """A one-layer LlamaConfig with the target's attention, MLP, rope and norm sizes.
+    """A one-layer LlamaConfig with the attention, MLP, rope and norm sizes of the target's global layers.
 
     Engines' EAGLE-3 drafters are Llama layers whatever the target (SGLang and llama.cpp have no other, SpecForge
-    and speculators train them for Qwen targets too): no q/k norms, no biases, SiLU. The target's rope is kept: the
-    drafter runs with the target's rotary embedding, and the engines build the same one from these fields."""
-    t = text_config(target_config)
+    and speculators train them for Qwen targets too): no q/k norms, no biases, SiLU. The target's rope base and
+    scaling are kept, over whole heads (core/target_family.whole_head_rope): the engines build the same one from
+    these fields."""
+    t = one_layer_config(target_config)
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
     config = LlamaConfig(
         vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size, num_hidden_layers=1,
         num_attention_heads=t.num_attention_heads,
         num_key_value_heads=getattr(t, "num_key_value_heads", None) or t.num_attention_heads,
         head_dim=head_dim, hidden_act="silu", max_position_embeddings=t.max_position_embeddings,
-        rms_norm_eps=getattr(t, "rms_norm_eps", 1e-6), attention_bias=False, mlp_bias=False,
-        rope_parameters=full_attention_rope(t), bos_token_id=getattr(t, "bos_token_id", None),
+        rms_norm_eps=norm_eps(t), attention_bias=False, mlp_bias=False,
+        rope_parameters=whole_head_rope(t), bos_token_id=getattr(t, "bos_token_id", None),
         eos_token_id=getattr(t, "eos_token_id", None), pad_token_id=getattr(t, "pad_token_id", None),
         tie_word_embeddings=False,
     )
     config._attn_implementation = t._attn_implementation if t._attn_implementation in ("eager", "sdpa") else "sdpa"
     return config
-
-
-def full_attention_rope(config) -> dict | None:
-    """The target's rope parameters for its full-attention layers (Gemma 3 keeps one set per layer type)."""
-    rope = getattr(config, "rope_parameters", None)
-    if isinstance(rope, dict) and "full_attention" in rope:
-        rope = rope["full_attention"]
-    return dict(rope) if rope else None
 
 
 def make_norm(layer: nn.Module, dim: int, eps: float) -> nn.Module:
@@ -124,16 +120,14 @@ class KVCache:
             self.values = self.values[..., :length, :]
 
 
-def _cache_argument(layer: nn.Module) -> str:
-    """transformers renamed `past_key_values` to `cache`; accept either."""
-    return _cache_argument_of(type(layer))
-
-
 @functools.cache
-def _cache_argument_of(layer_class: type) -> str:
-    # once per class: inspecting the signature on every draft step costs more than the step's small matmuls
+def _call_convention(layer_class: type) -> tuple[str, bool]:
+    """(the cache argument's name, whether the layer wants a dict to share its keys and values in) of a decoder
+    layer class: transformers renamed `past_key_values` to `cache`, and Gemma 4's layers store their keys for later
+    layers in `shared_kv_states`. Once per class: inspecting the signature on every draft step costs more than the
+    step's small matmuls."""
     params = inspect.signature(layer_class.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    return ("cache" if "cache" in params else "past_key_values"), "shared_kv_states" in params
 
 
 def run_layer(
@@ -155,7 +149,10 @@ def run_layer(
         position_ids = position_ids.expand(hidden.shape[0], -1)
     cos_sin = rotary(hidden, position_ids)
     mask = additive_mask(visible, hidden.dtype)
-    kwargs = {_cache_argument(layer): cache, "use_cache": cache is not None}
+    cache_argument, shares_kv = _call_convention(type(layer))
+    kwargs = {cache_argument: cache, "use_cache": cache is not None}
+    if shares_kv:
+        kwargs["shared_kv_states"] = {}   # a draft layer shares with no later layer
     out = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=cos_sin, **kwargs, **extra)
     return out[0] if isinstance(out, tuple) else out
 
@@ -182,24 +179,24 @@ def causal_visible(position_ids: torch.Tensor | None, b: int, n: int, past: int 
 
 
 def target_parts(target) -> dict:
-    """The frozen target modules a drafter shares: embedding, lm_head, final norm, rotary embedding."""
+    """The frozen target modules a drafter shares: embedding and lm_head as its family applies them
+    (core/target_family: TargetEmbedding, TargetHead), and the final norm."""
     base = target.get_base_model() if hasattr(target, "get_base_model") else target  # peft-wrapped target
     decoder = base.get_decoder()
-    missing = [n for n in ("norm", "rotary_emb") if not hasattr(decoder, n)]
-    if missing:
-        raise DraftheadsError(f"{type(decoder).__name__} has no {', '.join(missing)}; this target is not supported "
-                              "by EAGLE/MTP")
+    if not hasattr(decoder, "norm"):
+        raise DraftheadsError(f"{type(decoder).__name__} has no final norm; this target is not supported by "
+                              "EAGLE/MTP/DFlash")
     return {
-        "embed": base.get_input_embeddings(),
-        "lm_head": base.get_output_embeddings(),
+        "embed": TargetEmbedding(base.get_input_embeddings(), base.config),
+        "lm_head": TargetHead(base.get_output_embeddings(), base.config),
         "norm": decoder.norm,
-        "rotary": decoder.rotary_emb,
     }
 
 
-def bind_parts(owner: nn.Module, target, label: str, names: tuple[str, ...]) -> None:
+def bind_parts(owner: nn.Module, target, label: str, names: tuple[str, ...], rotary: LayerRotary | None = None) -> None:
     """Attach the target's frozen `names` (of target_parts) to `owner` as `_<name>`, after checking the
-    target has the hidden size and vocabulary owner was built for (`label` names the drafter in errors)."""
+    target has the hidden size and vocabulary owner was built for (`label` names the drafter in errors); and the
+    draft layer's `rotary` as `_rotary`, on the target's device."""
     parts = target_parts(target)
     out_features, in_features = parts["lm_head"].weight.shape
     if (in_features, out_features) != (owner.hidden_size, owner.vocab_size):
@@ -208,6 +205,8 @@ def bind_parts(owner: nn.Module, target, label: str, names: tuple[str, ...]) -> 
             f"but the target has {in_features} and {out_features}; use the target it was trained on"
         )
     bind_frozen(owner, **{f"_{name}": parts[name] for name in names})
+    if rotary is not None:
+        bind_frozen(owner, _rotary=rotary.to(parts["lm_head"].weight.device))
 
 
 def ttt_visible(step: int, n: int, position_ids: torch.Tensor | None = None, device=None) -> torch.Tensor:

@@ -19,7 +19,8 @@ from torch import nn
 from draftheads.core.config import check, doc
 from draftheads.core.drafter import Proposal
 from draftheads.core.errors import DraftheadsError
-from draftheads.core.target_dims import target_dims, text_config
+from draftheads.core.target_dims import target_dims
+from draftheads.core.target_family import layer_rotary, norm_eps
 from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
 from draftheads.heads.common import DepthMetrics, TargetDistribution, batch_features, bind_frozen, masked_ce, mean_loss
 from draftheads.heads.draft_tree import Sampling, draft_dynamic, draft_static, lineage, node_depth
@@ -74,7 +75,7 @@ class MTPModule(nn.Module):
     def __init__(self, target_config):
         super().__init__()
         hidden = target_dims(target_config).hidden_size
-        eps = getattr(text_config(target_config), "rms_norm_eps", 1e-6)
+        eps = norm_eps(target_config)
         self.layer = build_decoder_layer(target_config)
         self.hnorm = make_norm(self.layer, hidden, eps)
         self.enorm = make_norm(self.layer, hidden, eps)
@@ -110,7 +111,7 @@ class MTPDrafter(nn.Module):
 
     def bind(self, target) -> "MTPDrafter":
         """Share the target's frozen embedding, final norm, lm_head and rotary embedding."""
-        bind_parts(self, target, "MTP", ("embed", "norm", "lm_head", "rotary"))
+        bind_parts(self, target, "MTP", ("embed", "norm", "lm_head"), rotary=layer_rotary(self.blocks[0].layer))
         return self
 
     @property

@@ -21,7 +21,7 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims
 from draftheads.heads import draft_vocab
 from draftheads.heads.eagle3 import default_feature_layers
-from draftheads.heads.layers import full_attention_rope
+from draftheads.core.target_family import whole_head_rope
 from draftheads.interop.layout import Tensor
 
 ATTN = ("q_proj", "k_proj", "v_proj")
@@ -186,7 +186,7 @@ def engine_layer_config(target, model_type: str, architectures: list[str], dtype
     """A one-layer config of `model_type` carrying the target's attention, MLP, rope and norm sizes."""
     d = {k: getattr(target, k) for k in LAYER_FIELDS if getattr(target, k, None) is not None}
     d.setdefault("head_dim", target.hidden_size // target.num_attention_heads)
-    rope = full_attention_rope(target) or {}   # Gemma 3 keeps one set per layer type; the draft layer is full attention
+    rope = whole_head_rope(target) or {}   # Gemma 3 keeps one set per layer type; the draft layer is full attention
     if "rope_parameters" in d:
         d["rope_parameters"] = rope
     if "rope_theta" in rope or getattr(target, "rope_theta", None) is not None:

@@ -30,7 +30,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.targets import ALIASES, embedded_gguf
 from draftheads.heads import draft_vocab
-from draftheads.heads.layers import full_attention_rope
+from draftheads.core.target_family import whole_head_rope
 from draftheads.interop.layout import Layout, LoaderFile, Tensor
 from draftheads.interop.native import SavedDrafter
 
@@ -102,7 +102,7 @@ ROPE_KINDS = ("default", "linear", "llama3")
 
 def refusal(saved: SavedDrafter) -> str | None:
     """llama.cpp's draft layer has plain or linear or Llama-3 RoPE; other scalings have no EAGLE-3 path there."""
-    rope = full_attention_rope(saved.layer_config()) or {}
+    rope = whole_head_rope(saved.layer_config()) or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind not in ROPE_KINDS:
         return (f"the drafter's '{kind}' RoPE scaling has no EAGLE-3 path in llama.cpp (it takes "
@@ -190,7 +190,7 @@ def write_drafter_gguf(saved: SavedDrafter, path: Path, target_reader) -> None:
 
 
 def hyperparameters(saved: SavedDrafter, layer, head_dim: int) -> dict:
-    rope = full_attention_rope(layer) or {}
+    rope = whole_head_rope(layer) or {}
     theta = rope.get("rope_theta", getattr(layer, "rope_theta", None) or 10000.0)
     values = {
         "block_count": 1, "embedding_length": layer.hidden_size, "feed_forward_length": layer.intermediate_size,
@@ -276,7 +276,7 @@ def rope_frequencies(layer, head_dim: int) -> torch.Tensor | None:
 
     Wavelengths shorter than original_context / high_freq_factor keep their frequency, longer than
     original_context / low_freq_factor are slowed by `factor`, and those between are blended smoothly."""
-    rope = full_attention_rope(layer) or {}
+    rope = whole_head_rope(layer) or {}
     if rope.get("rope_type") != "llama3":
         return None
     base = rope.get("rope_theta", getattr(layer, "rope_theta", 10000.0))
