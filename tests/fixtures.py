@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 FAMILIES = ("llama", "qwen2", "mistral", "qwen3")
@@ -73,6 +73,15 @@ def make_tokenizer(template: str = "chatml", vocab_size: int = 384) -> PreTraine
     out.pad_token = eos
     out.chat_template = chat_template
     return out
+
+
+def make_base_tokenizer() -> PreTrainedTokenizerFast:
+    """A base model's tokenizer: Llama-3's specials, no chat template, and BOS put before every text it encodes."""
+    tok = make_tokenizer("llama3")
+    tok.chat_template = None
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{tok.bos_token} $A", special_tokens=[(tok.bos_token, tok.bos_token_id)])
+    return tok
 
 
 def make_config(family: str, vocab_size: int, **overrides):

@@ -297,7 +297,13 @@ CASES = [
                   "draftheads.data"]),
     # data
     Case("data-malformed-prompts", [*DATA, "data.prompts=[{{source: {c}/prompts.jsonl}}]"], "line 3", bad_prompts),
-    Case("data-no-chat-template", [*DATA, "target.name={w}/notemplate"], "no chat template"),
+    Case("data-no-chat-template", [*DATA, "target.name={w}/notemplate"],
+         "no chat template; set target.chat_template to a Jinja template or a .jinja file, or data.mode: completion"),
+    Case("data-completion-self-prompts-without-bos", [*DATA, "target.name={w}/notemplate", "data.mode=completion"],
+         "adds no BOS token and data.mode: completion renders no template text; give the self source starts_with"),
+    Case("data-completion-task-kinds", [*DATA, "target.name={w}/notemplate", "data.mode=completion",
+                                        "data.prompts=[{{source: self, kinds: general}}]"],
+         "kinds have the target follow instructions through its chat template"),
     Case("data-output-is-a-file", [*DATA, "data.output={c}/afile"], "is a file", a_file),
     # monitor, numeric flags (issue 52)
     Case("monitor-undecodable-counter", MONITOR, "is '\ufffd\ufffd', not a number", serving(b"\xff\xfe")),

@@ -16,6 +16,10 @@ so every trained token is exactly what the target produced after exactly its lef
 A template that is not incremental (it rewrites earlier turns once a later one follows, as Qwen3's drops the
 thinking of earlier answers) gives one row per turn instead: turn k's row is the template's rendering of the
 conversation up to user k (mask 0) followed by answer k (mask 1).
+
+Targets without a chat template (base models) are prompted in completion mode (data.mode: completion) through
+`completion_template`: a template that writes the conversation as raw text, so the same replay (and evaluation's)
+renders them and the loss mask covers exactly every token the target generated.
 """
 
 from __future__ import annotations
@@ -26,6 +30,25 @@ from draftheads.core.errors import DraftheadsError
 
 # Plain ASCII without edge whitespace, so templates that trim or escape content keep it intact.
 SENTINEL = "DraftheadsSentinel7f3a"
+
+
+def completion_template(tokenizer) -> str:
+    """The template of data.mode: completion, for base models: the prompt as raw text (after the tokenizer's BOS when
+    it adds one, as a completions server would tokenize it) and no generation prompt, so the target continues the
+    text itself. A system message and later user turns follow what came before after a blank line: the turns of a
+    multi-turn prompt become one running text, each reply continuing the user text it follows."""
+    bos = "{{ bos_token }}" if adds_bos(tokenizer) else ""
+    return bos + ("{% for m in messages %}{% if m['role'] != 'assistant' and not loop.first %}{{ '\\n\\n' }}"
+                  "{% endif %}{{ m['content'] }}{% endfor %}")
+
+
+def adds_bos(tokenizer) -> bool:
+    """Whether encoding text puts the BOS token first (Llama, Gemma, Mistral; not Qwen, GPT-2)."""
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return False
+    added, plain = tokenizer("a")["input_ids"], tokenizer("a", add_special_tokens=False)["input_ids"]
+    return added[:1] == [bos] and plain[:1] != [bos]
 
 
 def render_text(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
@@ -89,7 +112,12 @@ def user_turn_prefix(tokenizer, system: str | None = None, lead: str = "") -> li
     text = render_text(tokenizer, messages, add_generation_prompt=False)
     if SENTINEL not in text:
         raise DraftheadsError("the chat template drops the user's message; check target.chat_template")
-    return encode(tokenizer, text[: text.index(SENTINEL)] + lead)
+    prefix = encode(tokenizer, text[: text.index(SENTINEL)] + lead)
+    if not prefix:  # completion mode on a tokenizer without BOS: no token to start writing after
+        raise DraftheadsError("the target has nothing to write a self prompt after: its tokenizer adds no BOS token "
+                              "and data.mode: completion renders no template text; give the self source starts_with "
+                              "(e.g. 'def') or data.system_prompt, or use a prompt file")
+    return prefix
 
 
 @dataclass

@@ -52,7 +52,13 @@ class DataConfig:
     prompts: list[PromptSource] = doc([PromptSource()], "prompt sources, mixed by weight")
     output: str | None = doc(None, "dataset folder (default data/<name>)")
     num_prompts: int = doc(400, "total prompts to answer")
-    system_prompt: str | None = doc(None, "system prompt for every conversation")
+    mode: Literal["chat", "completion"] = doc(
+        "chat", "'chat': prompts rendered with the target's chat template, its answers trained on; 'completion': for "
+                "base models without one, each prompt as raw text (after BOS when the tokenizer adds one) that the "
+                "target continues, every continuation token trained on; the turns of a multi-turn prompt joined "
+                "into one text by blank lines. `draftheads eval` prompts drafters trained on this data the same way")
+    system_prompt: str | None = doc(None, "system prompt for every conversation (completion mode: text before the "
+                                          "prompt, after a blank line)")
     chat_template_kwargs: dict = doc({}, "variables for the chat template, e.g. {enable_thinking: false} (Qwen3); the "
                                          "same in data generation and in `draftheads eval` of drafters trained "
                                          "on this data")
@@ -87,10 +93,25 @@ class DataConfig:
               "data.backend is 'openai' but data.openai_url is not set")
         check(self.reasoning in ("keep", "inline", "drop"),
               f"data.reasoning must be keep, inline or drop, got {self.reasoning!r}")
+        if self.mode != "chat":
+            self.check_completion()
         check(self.backend == "openai" or self.reasoning == "keep",
               f"data.reasoning={self.reasoning} applies to data.backend: openai; the local backend trains on the "
               "tokens the target generates, thinking included: remove data.reasoning, or set "
               "data.chat_template_kwargs={enable_thinking: false} for answers without thinking")
+
+    def check_completion(self) -> None:
+        """Completion mode: what needs a chat template (template variables, a chat server, prompts the target is
+        asked to write by task kind) is refused in one line."""
+        check(self.mode == "completion", f"data.mode must be chat or completion, got {self.mode!r}")
+        check(not self.chat_template_kwargs, "data.chat_template_kwargs are variables of a chat template, which "
+                                             "data.mode: completion does not use; remove them, or set data.mode: chat")
+        check(self.backend == "local", "data.mode: completion runs on data.backend: local (an OpenAI-compatible "
+                                       "server's chat endpoint applies its own template); set data.backend: local")
+        check(all(src.kinds is None for src in self.prompts),
+              "data.prompts: kinds have the target follow instructions through its chat template, which data.mode: "
+              "completion does not use; drop kinds (a self source then writes the opening of a text), or give a "
+              "prompt file")
 
 
 @dataclasses.dataclass
@@ -182,17 +203,18 @@ def make_backend(recipe, target, procs: Processes):
             device = str(procs.state.device)  # one GPU per process
         target = load_target(t.name, dtype=t.dtype, device=device, revision=t.revision,
                              trust_remote_code=t.trust_remote_code,
-                             chat_template=t.chat_template, attn_implementation=t.attn_implementation)
+                             chat_template=t.chat_template, attn_implementation=t.attn_implementation,
+                             mode=recipe.data.mode)
     model, tokenizer = target
     tokenizer = with_template(tokenizer, recipe, kwargs)
     return LocalBackend(model, tokenizer, recipe.data), tokenizer
 
 
 def with_template(tokenizer, recipe, kwargs: dict):
-    """The tokenizer with the recipe's chat template and template variables: a copy, so a caller's tokenizer (the
-    one evaluation or tests go on using) is left as it was."""
+    """The tokenizer with the recipe's chat template and template variables (data.mode completion: the raw-text
+    one): a copy, so a caller's tokenizer (the one evaluation or tests go on using) is left as it was."""
     tokenizer = copy.copy(tokenizer)
-    attach_chat_template(tokenizer, recipe.target.chat_template, recipe.target.name, kwargs)
+    attach_chat_template(tokenizer, recipe.target.chat_template, recipe.target.name, kwargs, recipe.data.mode)
     return tokenizer
 
 

@@ -45,7 +45,7 @@ TRUNCATED = "prompts truncated to fit max_length (kept)"
 # Prompt-source settings added after folders were written, with their defaults: hashed only when set otherwise, so a
 # folder written before they existed keeps its identity.
 ADDED_LATER = {"kinds": None, "passage_tokens": 512}
-DATA_ADDED_LATER = {"reasoning": "keep"}  # the same for data settings
+DATA_ADDED_LATER = {"reasoning": "keep", "mode": "chat"}  # the same for data settings
 META_FIX = "regenerate the folder with `draftheads data RECIPE --overwrite`, or delete it and rerun"
 
 
@@ -69,6 +69,23 @@ def read_meta(out: Path) -> dict:
     """The folder's draftheads_data.json ({} where it has none); a damaged one is a one-line error naming it."""
     path = Path(out) / META
     return read_json(path, "data folder metadata", META_FIX) if path.exists() else {}
+
+
+def recorded_mode(out: Path) -> str | None:
+    """How the folder's prompts were rendered (data.mode, kept in its metadata): 'chat' for a folder written before
+    data.mode existed, None for one draftheads did not write."""
+    meta = read_meta(out)
+    data = meta.get("data")
+    return (data.get("mode") or "chat") if isinstance(data, dict) else None
+
+
+def check_mode(out: Path, mode: str) -> None:
+    """A drafter is trained, and then evaluated, in the data.mode its rows were made in: its run's recipe copy is what
+    `draftheads eval` renders prompts by."""
+    recorded = recorded_mode(out)
+    if recorded is not None and recorded != mode:
+        raise DraftheadsError(f"'{out}' was generated with data.mode: {recorded} but the recipe says {mode}; set "
+                              f"data.mode={recorded}, so that evaluation prompts the drafter as its data did")
 
 
 def write_meta(out: Path, meta: dict) -> None:

@@ -14,6 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.targets import locate_target
+from draftheads.data.chat import completion_template
 from draftheads.data.hardware import resolve_device, resolve_dtype
 
 
@@ -53,8 +54,10 @@ def load_target(
     trust_remote_code: bool = False,
     chat_template: str | None = None,
     attn_implementation: str = "sdpa",
+    mode: str = "chat",
 ):
-    """Load a causal LM frozen and in eval mode, with a tokenizer that has a chat template.
+    """Load a causal LM frozen and in eval mode, with a tokenizer that has a chat template (`mode` 'completion', a
+    recipe's data.mode: one that writes prompts as raw text, see attach_chat_template).
 
     Returns (model, tokenizer). `dtype='auto'` is bf16 where the hardware has native bf16
     (GPUs; CPUs with AVX512-BF16/AMX), fp32 otherwise.
@@ -64,7 +67,7 @@ def load_target(
     torch_dtype = resolve_dtype(dtype, torch_device)
     common = dict(revision=revision, trust_remote_code=trust_remote_code, **extra)
     tokenizer = from_hub(AutoTokenizer.from_pretrained, spec, where, **common)
-    attach_chat_template(tokenizer, chat_template, spec)
+    attach_chat_template(tokenizer, chat_template, spec, mode=mode)
     model, info = from_hub(AutoModelForCausalLM.from_pretrained, spec, where, dtype=torch_dtype,
                            attn_implementation=attn_implementation, output_loading_info=True, **common)
     if info.get("missing_keys"):  # e.g. an encoder (BERT) given a freshly initialised LM head: it would run, wrongly
@@ -86,18 +89,26 @@ def freeze(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def attach_chat_template(tokenizer, chat_template: str | None, spec: str = "the target",
-                         kwargs: dict | None = None) -> None:
+                         kwargs: dict | None = None, mode: str = "chat") -> None:
     """Use the recipe's template if given (text or a file path); require one in the end. `kwargs` (a recipe's
     data.chat_template_kwargs, e.g. {enable_thinking: false}) become variables of the template itself, so every
-    rendering (data generation, the loss masks, evaluation prompts) sees them, as a server passed them would."""
+    rendering (data generation, the loss masks, evaluation prompts) sees them, as a server passed them would.
+    `mode` 'completion' (data.mode) replaces any template with one that writes prompts as raw text (base models):
+    every rendering then goes through the same code, so evaluation prompts are rendered as the data's were."""
+    if mode == "completion":
+        if chat_template:
+            raise DraftheadsError("target.chat_template is set but data.mode is completion, which prompts with raw "
+                                  "text; drop target.chat_template, or set data.mode: chat")
+        tokenizer.chat_template = completion_template(tokenizer)
+        return
     if chat_template:
         path = Path(chat_template).expanduser()
         is_file = len(chat_template) < 4096 and "{" not in chat_template and path.is_file()
         tokenizer.chat_template = path.read_text() if is_file else chat_template
     if not getattr(tokenizer, "chat_template", None):
         raise DraftheadsError(
-            f"the tokenizer of {spec} has no chat template; "
-            "set target.chat_template to a Jinja template or a .jinja file"
+            f"the tokenizer of {spec} has no chat template; set target.chat_template to a Jinja template or a .jinja "
+            "file, or data.mode: completion to train on raw-text continuations (a base model)"
         )
     if kwargs:
         if not isinstance(tokenizer.chat_template, str):

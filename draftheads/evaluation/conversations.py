@@ -1,6 +1,7 @@
 """The prompts an evaluation answers, as conversations: loaded from a prompt source, kept when they fit the target's
-context, rendered with the chat template exactly as the training data was (data/chat.py); and the calibration
-prompts (what automatic trees, gates and predictions are fitted on) taken from past the evaluated ones."""
+context, rendered with the chat template exactly as the training data was (data/chat.py; a drafter trained in
+data.mode: completion sees raw text, through the tokenizer load_eval_target prepared); and the calibration prompts
+(what automatic trees, gates and predictions are fitted on) taken from past the evaluated ones."""
 
 from __future__ import annotations
 

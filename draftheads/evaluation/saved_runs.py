@@ -1,5 +1,5 @@
 """What a learned drafter's run left beside it and an evaluation reads back: the recipe it was trained with (its
-target, chat-template variables and eval: section), and the target loaded as that recipe prompted it."""
+target, chat-template variables, data.mode and eval: section), and the target loaded as that recipe prompted it."""
 
 from __future__ import annotations
 
@@ -45,6 +45,12 @@ def saved_template_kwargs(drafters: list[str]) -> dict:
     return dict(((first_run_recipe(drafters) or {}).get("data") or {}).get("chat_template_kwargs") or {})
 
 
+def saved_data_mode(drafters: list[str]) -> str:
+    """data.mode of the recipe the first learned drafter was trained with: 'completion' for a base model prompted
+    with raw text, else 'chat' (the default, and runs from before data.mode existed)."""
+    return ((first_run_recipe(drafters) or {}).get("data") or {}).get("mode") or "chat"
+
+
 def saved_target_name(drafters: list[str]) -> str | None:
     """The target a learned drafter was trained for, from its config.json."""
     for path in learned_paths(drafters):
@@ -67,17 +73,17 @@ def check_drafter_records(drafters: list[str]) -> None:
 def load_eval_target(spec: str | None, dtype: str, drafters: list[str], target_model=None):
     """(model, tokenizer, info): the given pair, or `spec`, or the target the first learned drafter names."""
     check_drafter_records(drafters)
+    template_kwargs, mode = saved_template_kwargs(drafters), saved_data_mode(drafters)
     if target_model is not None:
         model, tokenizer = target_model
         name = spec or getattr(model, "name_or_path", None) or type(model).__name__
     else:
         name = spec or saved_target_name(drafters) or "smollm2-135m"
-        model, tokenizer = load_target(name, dtype=dtype)
-    template_kwargs = saved_template_kwargs(drafters)
-    if template_kwargs:   # prompted as the drafter's data was (a copy: the caller's tokenizer stays as it was)
+        model, tokenizer = load_target(name, dtype=dtype, mode=mode)
+    if template_kwargs or mode != "chat":   # prompted as the drafter's data was (a copy: the caller's tokenizer stays)
         tokenizer = copy.copy(tokenizer)
-        attach_chat_template(tokenizer, None, str(name), template_kwargs)
+        attach_chat_template(tokenizer, None, str(name), template_kwargs, mode)
     info = {**target_summary(model), "name": str(name), "dtype": dtype_name(model.dtype), "device": str(model.device),
             "attn_implementation": getattr(model.config, "_attn_implementation", None),
-            "chat_template_kwargs": template_kwargs}
+            "chat_template_kwargs": template_kwargs, "data_mode": mode}
     return model, tokenizer, info

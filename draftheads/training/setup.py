@@ -22,7 +22,7 @@ from draftheads.core.drafter import TrainableDrafter
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.run_folder import COMPLETE, incomplete_checkpoints
 from draftheads.core.writable import check_writable
-from draftheads.data.datastore import COLUMNS, load_rows, read_meta
+from draftheads.data.datastore import COLUMNS, check_mode, load_rows, read_meta
 from draftheads.data.hardware import check_cpu_launch, resolve_device, resolve_dtype
 from draftheads.data.target import load_target
 from draftheads.heads.factory import bound_drafter, drafter_class, new_drafter
@@ -189,6 +189,8 @@ def training_rows(recipe):
             raise DraftheadsError(f"train.more_data: '{folder}' not found; make it first (`draftheads data RECIPE` of "
                                   "the recipe whose data.output it is) or drop it from train.more_data")
     parts = [load_rows(folder) for folder in folders]
+    for folder in folders:
+        check_mode(folder, recipe.data.mode)
     if len(parts) == 1:
         return parts[0]
     targets = {folder: data_target(folder) for folder in folders}
@@ -238,7 +240,8 @@ def _target_model(recipe, accelerator, target):
     t = recipe.target
     model, _ = load_target(t.name, dtype=resolve_dtype(recipe.train.dtype, accelerator.device),
                            device=str(accelerator.device), revision=t.revision, trust_remote_code=t.trust_remote_code,
-                           chat_template=t.chat_template, attn_implementation=t.attn_implementation)
+                           chat_template=t.chat_template, attn_implementation=t.attn_implementation,
+                           mode=recipe.data.mode)
     return model
 
 

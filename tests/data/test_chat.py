@@ -15,7 +15,7 @@ from draftheads.data.chat import (
     thinking_turn,
     user_turn_prefix,
 )
-from tests.fixtures import make_tokenizer
+from tests.fixtures import make_base_tokenizer, make_tokenizer
 
 
 def enc(tok, text):
@@ -280,3 +280,49 @@ def test_show_mask_brackets_untrained_tokens():
     chat = build_row(tok, USERS[:1], replies_for(tok, "<|im_end|>")[:1])
     text = show_mask(tok, chat.input_ids, chat.loss_mask)
     assert text == f"[<|im_start|>user\n{USERS[0]}<|im_end|>\n<|im_start|>assistant\n]{REPLY_TEXTS[0]}<|im_end|>"
+
+
+# ---------------------------------------------------------------- completion mode (base models)
+
+
+def completion_tokenizer(bos: bool):
+    """A tokenizer without a chat template (a base model's) in data.mode: completion; `bos`: it puts BOS first."""
+    from draftheads.data.target import attach_chat_template
+
+    tok = make_base_tokenizer() if bos else make_tokenizer("chatml")
+    tok.chat_template = None
+    attach_chat_template(tok, None, "fixture", mode="completion")
+    return tok
+
+
+@pytest.mark.parametrize("bos", [True, False])
+def test_completion_prompt_is_the_raw_text_as_the_tokenizer_encodes_it(bos):
+    tok = completion_tokenizer(bos)
+    chat = start_chat(tok, 0, USERS[:1], None, 1024)
+    assert chat.input_ids == tok(USERS[0])["input_ids"] and chat.loss_mask == [0] * len(chat.input_ids)
+    assert (chat.input_ids[0] == tok.bos_token_id) is bos
+    system = start_chat(tok, 0, USERS[:1], "Be brief.", 1024)
+    assert tok.decode(system.input_ids, skip_special_tokens=True) == "Be brief.\n\n" + USERS[0]
+    assert end_of_turn_id(tok) is None and stop_token_ids(tok) == [tok.eos_token_id]
+
+
+def test_completion_rows_train_every_continuation_token_and_join_turns_by_a_blank_line():
+    tok = completion_tokenizer(True)
+    replies = [enc(tok, " " + REPLY_TEXTS[0]) + [tok.eos_token_id], enc(tok, " " + REPLY_TEXTS[1])]
+    chat = build_row(tok, USERS, replies)
+    prompt, between = tok(USERS[0])["input_ids"], enc(tok, "\n\n" + USERS[1])
+    ids = prompt + replies[0] + between + replies[1]
+    mask = [0] * len(prompt) + [1] * len(replies[0]) + [0] * len(between) + [1] * len(replies[1])
+    assert chat.rows() == [(ids, mask)]
+    assert show_mask(tok, ids, mask) == (f"[<|begin_of_text|>{USERS[0]}] {REPLY_TEXTS[0]}<|eot_id|>[\n\n{USERS[1]}] "
+                                         f"{REPLY_TEXTS[1]}")
+
+
+def test_self_prompts_in_completion_mode_start_after_bos_or_the_lead():
+    tok = completion_tokenizer(True)
+    assert user_turn_prefix(tok) == [tok.bos_token_id]
+    assert user_turn_prefix(tok, lead="def") == [tok.bos_token_id] + enc(tok, "def")
+    bare = completion_tokenizer(False)
+    assert user_turn_prefix(bare, lead="def") == enc(bare, "def")
+    with pytest.raises(DraftheadsError, match="adds no BOS token.*give the self source starts_with"):
+        user_turn_prefix(bare)

@@ -16,7 +16,7 @@ from draftheads.data import batch_generate, datagen, datastore
 from draftheads.data.batch_generate import generate_batch
 from draftheads.data.chat import render_ids, stop_token_ids
 from draftheads.recipe import recipe_from_dict
-from tests.fixtures import make_target, make_tokenizer
+from tests.fixtures import make_base_tokenizer, make_target, make_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 USERS = ["Write a function that adds two numbers", "Hello! How can I help you today?", "def add(a, b):",
@@ -223,7 +223,7 @@ from draftheads.recipe import recipe_from_dict
 from draftheads.data import datagen, datastore
 write = datastore.write_shard
 datastore.write_shard = lambda *a, **k: (write(*a, **k), time.sleep(0.5))  # a window to kill it in, on any machine
-from tests.fixtures import make_target, make_tokenizer
+from tests.fixtures import make_base_tokenizer, make_target, make_tokenizer
 tok = make_tokenizer("chatml")
 recipe = recipe_from_dict({"name": "k", "head": {"type": "medusa"}, "data": dict(
     prompts=[{"source": sys.argv[1]}], num_prompts=9, max_new_tokens=40, max_length=96, batch_size=1, shard_size=2,
@@ -407,8 +407,47 @@ def test_tokenizer_without_chat_template_is_refused(tmp_path, target):
     model, _ = target
     bare = make_tokenizer("chatml")
     bare.chat_template = None
-    with pytest.raises(DraftheadsError, match="no chat template"):
+    with pytest.raises(DraftheadsError, match="no chat template; set target.chat_template .*or data.mode: completion"):
         datagen.run_data(make_recipe(tmp_path / "out", prompt_file(tmp_path)), target=(model, bare))
+    assert not (tmp_path / "out").exists()
+
+
+def test_completion_rows_are_the_raw_prompt_then_every_token_the_target_continued_it_with(tmp_path):
+    """A base model (no chat template): each row is the prompt as the tokenizer encodes it (BOS first), untrained,
+    then the target's continuation, every token of it trained; the folder records the mode."""
+    tok = make_base_tokenizer()
+    model = make_target("llama", tok)
+    rows = [{"prompt": u} for u in USERS[:4]]
+    recipe = make_recipe(tmp_path / "out", prompt_file(tmp_path, rows), num_prompts=4, max_new_tokens=6,
+                         mode="completion")
+    out = datagen.run_data(recipe, target=(model, tok))
+    data, stops = load(out), [tok.eos_token_id]   # a base model ends a text with EOS alone
+    assert tok.chat_template is None and len(data["input_ids"]) == 4   # the caller's tokenizer is left as it was
+    prompts = [json.loads(line)["turns"][0] for line in (out / "prompts.jsonl").read_text().splitlines()]
+    for ids, mask, pid in zip(data["input_ids"], data["loss_mask"], data["prompt_id"]):
+        head = tok(prompts[pid])["input_ids"]
+        reply = generate_batch(model, [head], max_new_tokens=6, stop_ids=stops, pad_id=tok.pad_token_id)[0].tokens
+        assert head[0] == tok.bos_token_id and ids == head + reply and mask == [0] * len(head) + [1] * len(reply)
+    assert datastore.recorded_mode(out) == "completion" and datastore.read_meta(out)["data"]["mode"] == "completion"
+    with pytest.raises(DraftheadsError, match="generated with data.mode: completion but the recipe says chat; set "
+                                              "data.mode=completion"):
+        datastore.check_mode(out, "chat")
+
+
+def test_chat_mode_keeps_the_identity_of_folders_written_before_data_mode():
+    target, data = {"name": "t"}, {"num_prompts": 4, "max_length": 64}
+    assert datastore.settings_hash(target, {**data, "mode": "chat"}) == datastore.settings_hash(target, data)
+    assert datastore.settings_hash(target, {**data, "mode": "completion"}) != datastore.settings_hash(target, data)
+
+
+@pytest.mark.parametrize("data,match", [
+    ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs are variables of a chat template"),
+    ({"backend": "openai", "openai_url": "http://localhost:1/v1"}, "runs on data.backend: local"),
+    ({"prompts": [{"source": "self", "kinds": "general"}]}, "kinds have the target follow instructions"),
+])
+def test_completion_mode_refuses_what_needs_a_chat_template(tmp_path, data, match):
+    with pytest.raises(DraftheadsError, match=match):
+        make_recipe(tmp_path / "out", "self", mode="completion", **data)
 
 
 def test_every_prompt_too_long_is_an_error(tmp_path, target):
@@ -440,6 +479,21 @@ def test_self_prompts_end_to_end(tmp_path, target, monkeypatch):
     written = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines()]
     assert len(written) == 5 and all(p["source"] == "self" for p in written)
     assert len({p["turns"][0] for p in written}) == 5 and len(load(out)["prompt_id"]) <= 5
+
+
+def test_self_prompts_in_completion_mode_are_texts_the_target_began_after_bos(tmp_path, monkeypatch):
+    from draftheads.data import self_prompts as prompts_mod
+
+    monkeypatch.setattr(prompts_mod, "check_self_prompt", lambda text, finished: None if text.strip() else "empty")
+    tok = make_base_tokenizer()
+    recipe = make_recipe(tmp_path / "out", "self", num_prompts=3, mode="completion")
+    recipe.data.prompts[0].max_tokens = 6
+    out = datagen.run_data(recipe, target=(make_target("llama", tok), tok))
+    written = [json.loads(line)["turns"][0] for line in (out / "prompts.jsonl").read_text().splitlines()]
+    rows = load(out)
+    assert len(set(written)) == 3 and len(rows["input_ids"]) == 3
+    assert all(ids[0] == tok.bos_token_id and tok.decode(ids[1:mask.index(1)]) == written[pid]
+               for ids, mask, pid in zip(rows["input_ids"], rows["loss_mask"], rows["prompt_id"]))
 
 
 def test_self_prompt_writing_resumes_from_finished_chunks(tmp_path):

@@ -1,5 +1,6 @@
 """Target loading: frozen, eval mode, dtype, chat template; the embedded default (slow)."""
 
+import copy
 import time
 
 import pytest
@@ -45,12 +46,21 @@ def test_missing_chat_template_is_an_error_unless_the_recipe_gives_one(tiny_targ
     data = json.loads(cfg.read_text())
     data.pop("chat_template", None)
     cfg.write_text(json.dumps(data))
-    with pytest.raises(DraftheadsError, match="no chat template"):
+    with pytest.raises(DraftheadsError, match="no chat template; set target.chat_template .*or data.mode: completion"):
         load_target(str(folder), dtype="fp32", device="cpu")
+    _, raw = load_target(str(folder), dtype="fp32", device="cpu", mode="completion")   # a base model: raw text
+    assert raw.apply_chat_template([{"role": "user", "content": "def f():"}], tokenize=False) == "def f():"
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     _, tokenizer = load_target(str(folder), dtype="fp32", device="cpu", chat_template=str(template))
     assert tokenizer.chat_template.startswith("{% for m")
+
+
+def test_completion_mode_refuses_a_chat_template_it_would_not_use(tokenizer):
+    from draftheads.data.target import attach_chat_template
+
+    with pytest.raises(DraftheadsError, match="chat_template is set but data.mode is completion.*; drop target.chat"):
+        attach_chat_template(copy.copy(tokenizer), "{{ messages }}", "fixture", mode="completion")
 
 
 def test_cuda_without_gpu_is_a_one_line_error(tiny_target_dir):
