@@ -234,8 +234,15 @@ def _prompt_args(p: argparse.ArgumentParser) -> None:
                                                    "humaneval)")
     p.add_argument("--limit", default=None, help="at most this many prompts (default: 20)")
     p.add_argument("--max-new-tokens", default=None, help="tokens generated per prompt (default: 128)")
+    # the target's settings in our loop; unset, they are the ones the drafter was trained with (its config.json)
     p.add_argument("--dtype", default=None, choices=["auto", "bf16", "fp16", "fp32"],
-                   help="the target's dtype in our loop (default: auto, bf16 where the hardware has native bf16)")
+                   help="the target's dtype in our loop (default: the drafter's recipe's, else auto: bf16 where the "
+                        "hardware has native bf16)")
+    p.add_argument("--device", default=None, help="the target's device: auto, cpu, cuda, cuda:N or mps (default: the "
+                                                  "drafter's recipe's where this machine has it, else auto)")
+    p.add_argument("--chat-template", default=None, metavar="TEMPLATE_OR_FILE",
+                   help="Jinja chat template or .jinja file for a target without one (default: the one the drafter "
+                        "was trained with)")
 
 
 def _recipe_name(args) -> str:
@@ -360,8 +367,9 @@ def cmd_engine_eval(args) -> int:
     from draftheads.evaluation.eval_config import EngineEvalConfig
     from draftheads.evaluation.saved_runs import saved_eval_settings
 
-    saved = saved_eval_settings(args.drafters)   # its prompts, as our own loop would take them
-    base = EngineEvalConfig(prompts=saved.prompts, limit=saved.limit, max_new_tokens=saved.max_new_tokens)
+    saved = saved_eval_settings(args.drafters)   # its prompts and target settings, as our own loop would take them
+    base = EngineEvalConfig(prompts=saved.prompts, limit=saved.limit, max_new_tokens=saved.max_new_tokens,
+                            dtype=saved.dtype, device=saved.device, chat_template=saved.chat_template)
     run_engine_eval(args.drafters, _with_flags(base, EngineEvalConfig, args), engine=args.engine, target=args.target,
                     out=args.out)
     return 0

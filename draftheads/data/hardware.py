@@ -29,16 +29,23 @@ def resolve_device(device: str = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise DraftheadsError(f"device '{device}' requested but no CUDA GPU is visible; use target.device=cpu")
+        raise DraftheadsError(f"device '{device}' requested but no CUDA GPU is visible; use target.device=cpu "
+                              "(--device cpu for eval)")
     if device == "mps" and not torch.backends.mps.is_available():
-        raise DraftheadsError("device 'mps' requested but MPS is not available; use target.device=cpu")
+        raise DraftheadsError("device 'mps' requested but MPS is not available; use target.device=cpu (--device cpu "
+                              "for eval)")
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str | torch.dtype = "auto", device: torch.device | str = "cpu") -> torch.dtype:
-    """'auto' -> bf16 where the hardware has native bf16 (GPUs, AVX512-BF16/AMX CPUs), else fp32."""
+def resolve_dtype(dtype: str | torch.dtype = "auto", device: torch.device | str = "cpu",
+                  packed: bool = False) -> torch.dtype:
+    """'auto' -> bf16 where the hardware has native bf16 (GPUs, AVX512-BF16/AMX CPUs), else fp32; fp32 for `packed`
+    weights (a quantized GGUF target: transformers' GGUF kernels compute in fp32, and in any other dtype every matmul
+    casts its input and its output)."""
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype == "auto" and packed:
+        return torch.float32
     if dtype == "auto":
         kind = torch.device(device).type
         if kind == "cuda":

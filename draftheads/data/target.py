@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import gguf
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
+from draftheads.core.target_family import attention_kernel
 from draftheads.core.targets import locate_target
 from draftheads.data.chat import completion_template
 from draftheads.data.hardware import resolve_device, resolve_dtype
@@ -64,12 +66,13 @@ def load_target(
     """
     where, extra = locate_target(spec)
     torch_device = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, torch_device)
+    torch_dtype = resolve_dtype(dtype, torch_device, packed=dtype == "auto" and packed_gguf(where, extra))
     common = dict(revision=revision, trust_remote_code=trust_remote_code, **extra)
     tokenizer = from_hub(AutoTokenizer.from_pretrained, spec, where, **common)
     attach_chat_template(tokenizer, chat_template, spec, mode=mode)
+    kernel = attention_kernel(causal_lm_class(spec, where, common), attn_implementation)
     model, info = from_hub(AutoModelForCausalLM.from_pretrained, spec, where, dtype=torch_dtype,
-                           attn_implementation=attn_implementation, output_loading_info=True, **common)
+                           attn_implementation=kernel, output_loading_info=True, **common)
     if info.get("missing_keys"):  # e.g. an encoder (BERT) given a freshly initialised LM head: it would run, wrongly
         missing = sorted(info["missing_keys"])
         raise DraftheadsError(f"'{spec}' is not a causal language model: its checkpoint lacks {missing[0]} and "
@@ -79,6 +82,34 @@ def load_target(
     freeze(model)
     model.name_or_path = spec
     return model, tokenizer
+
+
+def causal_lm_class(spec: str, where: str, common: dict) -> type:
+    """The class transformers builds for the target (from its config alone), for what it offers (SDPA or not)."""
+    config = from_hub(AutoConfig.from_pretrained, spec, where, **common)
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:   # custom code (auto_map), or not a causal LM (from_pretrained says so): the kernel asked stays
+        return object
+
+
+def packed_gguf(where: str, extra: dict) -> bool:
+    """True for a .gguf target holding quantized blocks (transformers keeps them packed where it has kernels)."""
+    if "gguf_file" not in extra:
+        return False
+    try:
+        tensors = gguf.GGUFReader(Path(where) / extra["gguf_file"]).tensors
+    except Exception:  # noqa: BLE001 - a damaged file: loading it says so in one line
+        return False
+    floats = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
+    return any(gguf.GGMLQuantizationType(t.tensor_type) not in floats for t in tensors)
+
+
+def read_chat_template(chat_template: str) -> str:
+    """A chat template given as text or as a path to a .jinja file, as its text (what attach_chat_template uses)."""
+    path = Path(chat_template).expanduser()
+    is_file = len(chat_template) < 4096 and "{" not in chat_template and path.is_file()
+    return path.read_text() if is_file else chat_template
 
 
 def freeze(model: torch.nn.Module) -> torch.nn.Module:

@@ -71,8 +71,9 @@ def run_drift(drafter: str, target: str, config: EvalConfig | None = None, *, ol
         check_same_settings(old_report, config)
     old_name = old_target or saved_target_name([drafter]) or "smollm2-135m"
     old_pair, new_pair = targets or (None, None)
-    old_model, old_tok, _ = load_eval_target(old_name, config.dtype, [drafter], old_pair)
-    new_model, new_tok, _ = load_eval_target(target, config.dtype, [drafter], new_pair)
+    loading = dict(chat_template=config.chat_template, device=config.device)
+    old_model, old_tok, _ = load_eval_target(old_name, config.dtype, [drafter], old_pair, **loading)
+    new_model, new_tok, _ = load_eval_target(target, config.dtype, [drafter], new_pair, **loading)
     if old_tok.get_vocab() != new_tok.get_vocab():
         raise DraftheadsError(f"'{target}' has another tokenizer than '{old_name}'; a drafter cannot be carried over "
                               "between vocabularies: train a new one")

@@ -122,7 +122,8 @@ def run_engine_eval(drafters: list[str], config: EngineEvalConfig | None = None,
     # refuses a drafter llama.cpp cannot run, before the build
     exports = export_for_engine(paths, folder / "gguf", target)
     tools = install_llama_cpp()
-    model, tokenizer, target_info = load_eval_target(target, config.dtype, paths, target_model)
+    model, tokenizer, target_info = load_eval_target(target, config.dtype, paths, target_model,
+                                                     chat_template=config.chat_template, device=config.device)
     settings = engine_settings(model, tokenizer, config.max_new_tokens)
     conversations, skipped, _ = load_conversations(config.prompts, config.limit, tokenizer, settings)
     target_gguf = folder / "gguf" / next(iter(exports)) / next(iter(exports.values()))["target"]

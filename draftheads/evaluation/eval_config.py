@@ -31,6 +31,11 @@ def check_prompts(prompts: str, limit: int | None, max_new_tokens: int) -> None:
     check_new_tokens(max_new_tokens)
 
 
+def check_device(device: str | None) -> None:
+    check(device is None or device == "auto" or device.split(":")[0] in ("cpu", "cuda", "mps"),
+          f"eval.device (--device) '{device}' is not a device; use auto, cpu, cuda, cuda:N or mps")
+
+
 @dataclass
 class EvalConfig:
     """Acceptance evaluation (`draftheads eval`)."""
@@ -63,8 +68,13 @@ class EvalConfig:
     plain_above: int | Literal["auto"] | None = flag(
         None, "decode plainly while more than this many rows of a batch are generating; 'auto': as many as the cost "
               "model predicts speculation pays for, per drafter (measured beside always speculating)", "--plain-above")
-    dtype: Literal["auto", "bf16", "fp16", "fp32"] = flag("auto", "the target's dtype ('auto': bf16 where the hardware "
-                                                                  "has native bf16, else fp32)", "--dtype")
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] | None = flag(
+        None, "the target's dtype (None: the one the drafter's recipe gave, else 'auto': bf16 where the hardware has "
+              "native bf16, else fp32; fp32 for a quantized GGUF target)", "--dtype")
+    device: str | None = flag(None, "the target's device: auto, cpu, cuda, cuda:N or mps (None: the drafter's "
+                                    "recipe's where this machine has it, else auto)", "--device")
+    chat_template: str | None = flag(None, "Jinja chat template, or a .jinja file, for the target (None: the one the "
+                                           "drafter was trained with, else the tokenizer's)", "--chat-template")
     refresh_profile: bool = flag(False, "time the target on this machine again instead of reading the cached cost "
                                         "profile", "--refresh-profile")
     calibration_prompts: int = flag(16, "prompts of the same set, past the evaluated ones, that automatic trees, gates "
@@ -85,6 +95,7 @@ class EvalConfig:
             check_sampling(temperature, self.top_k, self.top_p)
         check_typical(self.typical_epsilon, self.typical_delta, "eval.")
         check_prompts(self.prompts, self.limit, self.max_new_tokens)
+        check_device(self.device)
         check(bool(self.batch_sizes) and all(b >= 1 for b in self.batch_sizes),
               f"eval.batch_sizes (--batch-size) must be whole numbers >= 1, got {self.batch_sizes}; e.g. 1,2,4,8,16")
         check(self.calibration_prompts >= 1, f"eval.calibration_prompts (--calibration-prompts) must be a whole "
@@ -128,11 +139,15 @@ class EngineEvalConfig:
                                       "than this probability (0: always the full length)", "--draft-p-min")
     ngram: bool = flag(True, "also run llama.cpp's n-gram modes, alone and beside each drafter", "--no-ngram")
     ours: bool = flag(True, "also run our own loop on the same drafters and prompts, for its tau")
-    dtype: Literal["auto", "bf16", "fp16", "fp32"] = flag("auto", "our own loop's target dtype", "--dtype")
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] | None = flag(None, "our own loop's target dtype (None: as "
+                                                                        "eval.dtype)", "--dtype")
+    device: str | None = flag(None, "our own loop's target device (None: as eval.device)", "--device")
+    chat_template: str | None = flag(None, "as eval.chat_template", "--chat-template")
     threads: int | None = flag(None, "threads of each llama-server (default: llama.cpp's choice)")
 
     def __post_init__(self):
         check_prompts(self.prompts, self.limit, self.max_new_tokens)
+        check_device(self.device)
         check(bool(self.draft_tokens) and all(n >= 1 for n in self.draft_tokens),
               f"--draft-tokens must be whole numbers >= 1, got {self.draft_tokens}; e.g. 2,3,4")
         check(bool(self.p_mins) and all(math.isfinite(p) and 0 <= p < 1 for p in self.p_mins),

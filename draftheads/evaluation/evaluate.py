@@ -44,7 +44,8 @@ def run_eval(drafters: list[str], config: EvalConfig | None = None, *, target: s
     earlier = read_earlier(config.tau_from) if config.tau_from else None
     requested = parse_tree(config.tree)
     budget = requested.budget if isinstance(requested, AutoTreeSpec) else None
-    model, tokenizer, target_info = load_eval_target(target, config.dtype, drafters, target_model)
+    model, tokenizer, target_info = load_eval_target(target, config.dtype, drafters, target_model,
+                                                     chat_template=config.chat_template, device=config.device)
     entries = build_entries(drafters, model, None if budget else requested, config.combined_modes)
     configs = plan_configs(config.accept, config.temperatures)
     # room for the biggest tree a step verifies: the drafters' own, or what fitting an automatic tree may try

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import torch
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import write_file_atomic
@@ -97,3 +98,20 @@ def convert_to_gguf(folder: Path, out: Path, outtype: str = "bf16") -> Path:
             raise DraftheadsError(f"llama.cpp's converter failed on '{folder}' ({last})")
 
     return write_file_atomic(out, write)
+
+
+def gguf_lm_head(path: Path) -> torch.Tensor:
+    """[V, H] a GGUF target's output weight, dequantized to fp32: its token embedding where the file has no output
+    weight (tied, as Gemma and small Llamas are: llama.cpp then reads the embedding)."""
+    try:
+        tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    except Exception as e:  # noqa: BLE001 - a damaged file: the gguf package raises several types
+        raise DraftheadsError(f"cannot read the target's lm_head from {path} ({type(e).__name__}); check the "
+                              "file, or pass --target with the target's Hugging Face folder") from None
+    tensor = tensors.get("output.weight") or tensors.get("token_embd.weight")
+    if tensor is None:
+        raise DraftheadsError(f"{path} holds neither output.weight nor token_embd.weight; pass --target with the "
+                              "target's Hugging Face folder")
+    shape = tuple(int(n) for n in reversed(tensor.shape))   # GGUF lists dimensions innermost first
+    values = gguf.quants.dequantize(tensor.data, gguf.GGMLQuantizationType(tensor.tensor_type))
+    return torch.from_numpy(np.ascontiguousarray(values.reshape(shape), dtype=np.float32))

@@ -1,7 +1,8 @@
 """The native drafter format: a folder with `model.safetensors` + `config.json` (+ what the drafter adds).
 
 config.json = {"format": "draftheads", "draftheads_version", "head": {every hyper-parameter},
-               "target": {name, revision, architecture, model_type, hidden_size, vocab_size, num_layers},
+               "target": {name, revision, architecture, model_type, hidden_size, vocab_size, num_layers,
+                          "settings": {what it was loaded with: dtype, device, chat_template (its text), ...}},
                "feature_layers": [...], "extra": {...}}
 model.safetensors holds only the drafter's own tensors (never the target's shared modules). A
 Medusa-2 drafter adds `adapter/` (its LoRA adapter in PEFT format). Weights are never pickled.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -33,9 +34,11 @@ from draftheads.core.target_dims import target_dims, text_config
 from draftheads.core.targets import locate_target
 from draftheads.core.tree import parse_tree
 from draftheads.core.version import __version__
+from draftheads.data.target import read_chat_template
 from draftheads.heads.common import place_like
 from draftheads.heads.factory import HeadConfig, head_config, new_drafter, upgrade_head
 from draftheads.heads.layers import llama_layer_config
+from draftheads.interop.gguf_targets import gguf_lm_head
 
 FORMAT = "draftheads"
 WEIGHTS = "model.safetensors"
@@ -60,8 +63,10 @@ def own_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_drafter(drafter: TrainableDrafter, folder, target=None, extra: dict | None = None) -> Path:
-    """Write the drafter to `folder` atomically (a temporary sibling folder, then a rename)."""
+def save_drafter(drafter: TrainableDrafter, folder, target=None, extra: dict | None = None,
+                 recipe: dict | None = None) -> Path:
+    """Write the drafter to `folder` atomically (a temporary sibling folder, then a rename). `recipe` (the training
+    recipe as a dict): its target settings are recorded, for eval and export to load the target as it was trained."""
 
     def fill(tmp: Path) -> None:
         save_file(own_state_dict(drafter.files.module), str(tmp / WEIGHTS), metadata={"format": "pt"})
@@ -70,13 +75,47 @@ def save_drafter(drafter: TrainableDrafter, folder, target=None, extra: dict | N
             "format": FORMAT,
             "draftheads_version": __version__,
             "head": to_dict(drafter.config),
-            "target": target_summary(target) if target is not None else None,
+            "target": target_record(target, recipe),
             "feature_layers": list(drafter.feature_layers),
             "extra": extra or {},
         }
         (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
 
     return write_folder(Path(folder), fill)
+
+
+def target_record(target, recipe: dict | None) -> dict | None:
+    """target_summary, and the recipe's target settings where there are any."""
+    if target is None:
+        return None
+    settings = target_settings(recipe) if recipe else {}
+    return {**target_summary(target), **({"settings": settings} if settings else {})}
+
+
+# what a recipe's target section loads the target with, recorded as given ('auto' is resolved where it is evaluated)
+LOAD_SETTINGS = ("revision", "dtype", "device", "attn_implementation")
+
+
+def target_settings(recipe: dict) -> dict:
+    """What a drafter's target was loaded with, from its recipe: target.revision, dtype, device, attn_implementation,
+    the chat template (its text: a .jinja path would not lead there from another folder or machine), trust_remote_code
+    only where the recipe turned it on, data.chat_template_kwargs and data.mode where set."""
+    target, data = recipe.get("target") or {}, recipe.get("data") or {}
+    out = {key: target[key] for key in LOAD_SETTINGS if target.get(key) is not None}
+    if target.get("chat_template"):
+        out["chat_template"] = read_chat_template(str(target["chat_template"]))
+    if target.get("trust_remote_code") is True:
+        out["trust_remote_code"] = True
+    if data.get("chat_template_kwargs"):
+        out["chat_template_kwargs"] = dict(data["chat_template_kwargs"])
+    if data.get("mode") not in (None, "chat"):
+        out["mode"] = data["mode"]
+    return out
+
+
+def recorded_settings(config: dict) -> dict:
+    """The target settings a native config.json recorded ({} for folders saved before it recorded them)."""
+    return dict((config.get("target") or {}).get("settings") or {})
 
 
 def target_summary(target) -> dict:
@@ -208,6 +247,7 @@ class SavedDrafter:
     state: dict[str, torch.Tensor]
     target_ref: object  # a loaded model, a path / hub id, or None (use the recorded target name)
     speculative_tokens_given: int | None = None
+    noted: bool = field(default=False, repr=False)  # the recorded settings' note printed once
 
     @classmethod
     def read(cls, src, target_ref=None, dtype: torch.dtype | None = None,
@@ -287,16 +327,31 @@ class SavedDrafter:
         """[V, H] the target's output-embedding weight (engines without a shared lm_head need a copy)."""
         if isinstance(self.target_ref, torch.nn.Module):
             return self.target_ref.get_output_embeddings().weight.detach().cpu()
-        where, _ = self.target_location()
-        return read_target_tensor(where, ("lm_head.weight", "model.embed_tokens.weight"))
+        where, extra = self.target_location()
+        if "gguf_file" in extra:
+            return gguf_lm_head(Path(where) / extra["gguf_file"])
+        return read_target_tensor(where, ("lm_head.weight", "model.embed_tokens.weight"), extra.get("revision"))
 
     def target_location(self) -> tuple[str, dict]:
-        """Where the target is, resolved as load_target resolves it (the embedded alias included), offline."""
+        """Where the target is, resolved as load_target resolves it (the embedded alias included), offline, with the
+        revision and trust_remote_code the drafter's recipe loaded it with when it is that target."""
         name = self.target_name()
         if not name:
             raise DraftheadsError("this export needs the target's config but the drafter records no target; pass "
                                   "--target PATH_OR_HUB_ID")
-        return locate_target(name)
+        where, extra = locate_target(name)
+        if name != (self.config.get("target") or {}).get("name"):
+            return where, extra   # another target (--target): the recorded settings were for the recorded one
+        settings, recorded = recorded_settings(self.config), {}
+        if settings.get("revision") and not Path(where).exists():
+            recorded["revision"] = settings["revision"]
+        if settings.get("trust_remote_code"):
+            recorded["trust_remote_code"] = True
+            if not self.noted:
+                print(f"note: reading {name} with trust_remote_code=true, as the drafter's recipe did "
+                      f"({self.folder / CONFIG})", file=sys.stderr)
+                self.noted = True
+        return where, {**extra, **recorded}
 
 
 def check_fits_target(saved: SavedDrafter) -> None:
@@ -327,12 +382,13 @@ def check_fits_target(saved: SavedDrafter) -> None:
             "; export it with the target it was trained for (--target), or retrain it for this one")
 
 
-def read_target_tensor(name: str, keys: tuple[str, ...]) -> torch.Tensor:
+def read_target_tensor(name: str, keys: tuple[str, ...], revision: str | None = None) -> torch.Tensor:
     """The first of `keys` found in the target's safetensors files (a local folder, or a hub id in the HF cache)."""
     folder = Path(name) if Path(name).is_dir() else None
     if folder is None:
         try:
-            folder = Path(snapshot_download(name, allow_patterns=["*.safetensors", "*.json"], local_files_only=True))
+            folder = Path(snapshot_download(name, revision=revision, allow_patterns=["*.safetensors", "*.json"],
+                                            local_files_only=True))
         except (OSError, ValueError):  # not in the local cache (no download here)
             folder = None
     for file in sorted(folder.glob("*.safetensors")) if folder else ():

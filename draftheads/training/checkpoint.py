@@ -52,7 +52,7 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, drafter, state: dict,
     accelerator.save_state(str(tmp), safe_serialization=True)
     accelerator.wait_for_everyone()  # every process's RNG file is on disk before the manifest lists them
     if accelerator.is_main_process:
-        save_drafter(drafter, tmp / DRAFTER, target=target, extra={"step": step})
+        save_drafter(drafter, tmp / DRAFTER, target=target, extra={"step": step}, recipe=recipe_dict)
         write_recipe(tmp / RECIPE_FILE, recipe_dict)
         write_json(tmp / STATE_FILE, state)
         write_json(tmp / SCHEDULER_FILE, scheduler.state_dict())

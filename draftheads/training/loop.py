@@ -323,7 +323,8 @@ def eval_and_keep_best(run: Run, depth: int, say) -> dict | None:
 
 
 def write_best(run: Run, drafter, folder: Path, entry: dict) -> None:
-    save_drafter(drafter, folder / DRAFTER, target=run.target, extra={"step": entry["step"], "eval": entry})
+    save_drafter(drafter, folder / DRAFTER, target=run.target, extra={"step": entry["step"], "eval": entry},
+                 recipe=run.recipe.to_dict())
     C.write_json(folder / "metrics.json", entry)
 
 
@@ -352,7 +353,8 @@ def finish(run: Run, stopped_by: str, depth: int, clock: Clock) -> None:
     drafter = exportable_drafter(run)
     if acc.is_main_process:
         def build(tmp):
-            save_drafter(drafter, tmp / DRAFTER, target=run.target, extra={"step": state["step"], "eval": final_eval})
+            save_drafter(drafter, tmp / DRAFTER, target=run.target, extra={"step": state["step"], "eval": final_eval},
+                         recipe=run.recipe.to_dict())
             C.write_json(tmp / "metrics.json", metrics)
         write_folder(run.run_dir / FINAL, build)
     acc.wait_for_everyone()

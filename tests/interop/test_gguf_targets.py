@@ -1,5 +1,6 @@
 """A GGUF requantized to another type: quantized tensors quantized again (values within the new type's rounding),
-float tensors and metadata copied, the file written atomically."""
+float tensors and metadata copied, the file written atomically. A quantized GGUF as the target: loaded in fp32 under
+dtype 'auto', and its (tied) lm_head read from the file by exports that copy it."""
 
 import gguf
 import numpy as np
@@ -60,3 +61,95 @@ def test_an_out_that_cannot_be_written_is_refused_before_the_source_is_read(tiny
         requantize_gguf(tmp_path / "not-read.gguf", tmp_path / "afile" / "q4_0.gguf", "q4_0")  # no such source
     with pytest.raises(DraftheadsError, match="is a folder; give --out a file name"):
         requantize_gguf(tiny_gguf[0], tmp_path, "q4_0")
+
+
+# ---- a GGUF file as the target (issue 57) -----------------------------------------------------------------------
+
+LLAMA_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+               "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+               "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+
+
+@pytest.fixture(scope="module")
+def gguf_target(tmp_path_factory, tokenizer):
+    """A tiny Llama as a Q8_0 GGUF with no output.weight (tied to token_embd, as Gemma's are), which transformers
+    loads; (its path, the model it was written from)."""
+    import json
+
+    from tests.fixtures import make_target
+
+    model = make_target("llama", tokenizer, tie_word_embeddings=True)
+    state, c = {k: v.numpy() for k, v in model.state_dict().items()}, model.config
+    path = tmp_path_factory.mktemp("gguf-target") / "tiny-q8_0.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_head_count_kv(c.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    writer.add_vocab_size(c.vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([tokenizer.convert_ids_to_tokens(i) for i in range(len(tokenizer))])
+    writer.add_token_types([1] * len(tokenizer))
+    writer.add_token_merges([" ".join(m) if isinstance(m, list) else m
+                             for m in json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]])
+    writer.add_eos_token_id(tokenizer.eos_token_id)
+
+    def add(name, values):
+        if values.ndim == 2:   # the matrices quantized, as a packed GGUF holds them; norms stay fp32
+            writer.add_tensor(name, gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0),
+                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(name, values)
+
+    add("token_embd.weight", state["model.embed_tokens.weight"])
+    add("output_norm.weight", state["model.norm.weight"])
+    for i in range(c.num_hidden_layers):
+        for ours, theirs in LLAMA_NAMES.items():
+            add(f"blk.{i}.{ours}.weight", state[f"model.layers.{i}.{theirs}.weight"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path, model
+
+
+def test_auto_dtype_is_fp32_for_a_packed_gguf_target(gguf_target, monkeypatch):
+    """transformers' GGUF kernels compute in fp32: 'auto' asking bf16 there cast every matmul's input and output."""
+    import torch
+
+    from draftheads.data import hardware
+    from draftheads.data.target import load_target
+    from tests.fixtures import CHATML
+
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: True)   # where 'auto' is bf16 for other targets
+    assert hardware.resolve_dtype("auto", "cpu") == torch.bfloat16
+    model, _ = load_target(str(gguf_target[0]), device="cpu", chat_template=CHATML)
+    assert model.dtype == torch.float32
+    model, _ = load_target(str(gguf_target[0]), device="cpu", chat_template=CHATML, dtype="bf16")
+    assert model.dtype == torch.bfloat16   # asked for: honoured
+
+
+def test_a_gguf_targets_medusa_drafter_exports_for_vllm_with_the_tied_lm_head(gguf_target, tmp_path):
+    """It answered "cannot read the target's lm_head from <the GGUF's folder>": the lm_head is read from the GGUF."""
+    import torch
+    from safetensors.torch import load_file
+
+    from draftheads.api import build_drafter
+    from draftheads.data.target import load_target
+    from draftheads.interop.export import export_drafter
+    from draftheads.interop.native import read_config, save_drafter
+    from tests.fixtures import CHATML
+
+    model, _ = load_target(str(gguf_target[0]), device="cpu", chat_template=CHATML)
+    drafter = build_drafter("medusa", model)
+    native = save_drafter(drafter, tmp_path / "native", target=model)
+    assert read_config(native)["target"]["name"] == str(gguf_target[0])
+    out = export_drafter(native, "vllm", tmp_path / "vllm")   # no --target: the recorded GGUF
+    lm_head = load_file(str(out / "model.safetensors"))["lm_heads.0.weight"]
+    torch.testing.assert_close(lm_head, model.get_output_embeddings().weight, rtol=0, atol=0)   # what it ran with
+    original = gguf_target[1].get_output_embeddings().weight
+    assert (lm_head - original).abs().max() <= original.abs().max() / 127   # Q8_0's rounding of the tied embedding

@@ -132,3 +132,15 @@ def test_a_truncated_weights_file_is_a_one_line_error(medusa, llama_target, tmp_
     with pytest.raises(DraftheadsError, match="is damaged and cannot be read") as info:
         draftheads.load_drafter(tmp_path / "d", llama_target)
     assert "\n" not in str(info.value)
+
+
+def test_export_reads_the_recorded_target_at_its_revision_and_says_when_it_runs_its_code(tmp_path, capsys):
+    """Issue 57: the settings a drafter's recipe loaded its target with apply to that target, never to another."""
+    from draftheads.interop.native import SavedDrafter
+
+    config = {"target": {"name": "some-org/some-model", "settings": {"revision": "v2", "trust_remote_code": True}}}
+    recorded = SavedDrafter(tmp_path, config, None, {}, None)
+    assert recorded.target_location() == ("some-org/some-model", {"revision": "v2", "trust_remote_code": True})
+    recorded.target_location()
+    assert capsys.readouterr().err.count("with trust_remote_code=true, as the drafter's recipe did") == 1
+    assert SavedDrafter(tmp_path, config, None, {}, "other-org/model").target_location() == ("other-org/model", {})
