@@ -146,9 +146,14 @@ def compact_cache(cache: DynamicCache, num_nodes: int, keep, valid: torch.Tensor
         if index.dim() == 1:
             at = index.to(layer.keys.device)
             layer.keys, layer.values = layer.keys.index_select(-2, at), layer.values.index_select(-2, at)
-        else:
-            at = index.to(layer.keys.device)[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-            layer.keys, layer.values = layer.keys.gather(-2, at), layer.values.gather(-2, at)
+        else:   # keys and values may differ in width (MLA: DeepSeek-V3's rope part rides on the keys only)
+            layer.keys, layer.values = gather_slots(layer.keys, index), gather_slots(layer.values, index)
         if hasattr(layer, "cumulative_length"):  # sliding-window layers count positions separately
             layer.cumulative_length -= length - index.shape[-1]
     return None if new_valid is None else new_valid.to(valid.device if valid is not None else "cpu")
+
+
+def gather_slots(cached: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """cached [b, heads, L, d] at each row's slots index [b, L'] -> [b, heads, L', d]."""
+    at = index.to(cached.device)[:, None, :, None].expand(-1, cached.shape[1], -1, cached.shape[-1])
+    return cached.gather(-2, at)

@@ -21,7 +21,7 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims
 from draftheads.heads import draft_vocab
 from draftheads.heads.eagle3 import default_feature_layers
-from draftheads.core.target_family import whole_head_rope
+from draftheads.core.target_family import one_layer_config, whole_head_rope
 from draftheads.interop.layout import Tensor
 
 ATTN = ("q_proj", "k_proj", "v_proj")
@@ -184,6 +184,7 @@ LAYER_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_
 
 def engine_layer_config(target, model_type: str, architectures: list[str], dtype: torch.dtype, **extra) -> dict:
     """A one-layer config of `model_type` carrying the target's attention, MLP, rope and norm sizes."""
+    target = one_layer_config(target)   # its global layer's sizes (Gemma 4's differ by layer type)
     d = {k: getattr(target, k) for k in LAYER_FIELDS if getattr(target, k, None) is not None}
     d.setdefault("head_dim", target.hidden_size // target.num_attention_heads)
     rope = whole_head_rope(target) or {}   # Gemma 3 keeps one set per layer type; the draft layer is full attention
