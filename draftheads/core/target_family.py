@@ -44,11 +44,13 @@ def layer_config(config, index: int):
 
 
 def global_layer(config) -> int:
-    """The last layer that attends to everything (the last layer where the family does not say)."""
+    """The last layer that attends to everything and rotates (SmolLM3's NoPE layers do not): the layer a draft layer
+    of the target's class is built like."""
     t = text_config(config)
-    types = getattr(t, "layer_types", None) or []
-    full = [i for i, kind in enumerate(types) if kind == FULL]
-    return full[-1] if full else t.num_hidden_layers - 1
+    types = getattr(t, "layer_types", None) or [FULL] * t.num_hidden_layers
+    rotates = getattr(t, "no_rope_layers", None) or [1] * t.num_hidden_layers
+    candidates = [i for i, kind in enumerate(types) if kind == FULL and rotates[i]]
+    return candidates[-1] if candidates else t.num_hidden_layers - 1
 
 
 def one_layer_config(config):
