@@ -23,7 +23,7 @@ from draftheads.core.target_dims import text_config
 from draftheads.data.datagen import DataConfig
 from draftheads.data.target import TargetConfig
 from draftheads.evaluation.eval_config import EvalConfig
-from draftheads.heads.factory import HeadConfig, head_config
+from draftheads.heads.factory import HeadConfig, fit_to_target, head_config
 from draftheads.training.loop import TrainConfig
 from draftheads.training.trackers import LogConfig
 
@@ -56,6 +56,7 @@ class Recipe:
             "num_layers": text.num_hidden_layers,
         }
         self.head.resolve(text.num_hidden_layers, text.vocab_size)
+        fit_to_target(self.head, target_config)
         return self
 
     def to_dict(self) -> dict:

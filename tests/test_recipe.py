@@ -149,3 +149,28 @@ def test_a_yes_in_a_list_or_as_a_key_is_named_where_it_is():
     assert load_yaml("a: [1, no]\non: 2\n", note=said.append) == {"a": [1, False], True: 2}
     assert said == ["note: a[1]: 'no' read as false (YAML 1.1); write false, or \"no\" in quotes to keep the word",
                     "note: on (a key): 'on' read as true (YAML 1.1); write true, or \"on\" in quotes to keep the word"]
+
+
+@pytest.mark.parametrize("family,head,refusal", [
+    ("olmo2", {"type": "eagle3", "draft_layer": "target"}, "needs a pre-norm layer"),
+    ("deepseek_v3", {"type": "eagle3", "draft_layer": "target"}, "has no 'q_proj'"),
+])
+def test_a_head_the_targets_family_cannot_carry_is_refused_when_the_recipe_is_read(family, head, refusal):
+    """Built on the meta device from the target's config alone: one line before any weights load (training resolves
+    the recipe against the config first)."""
+    from tests.families import family_config
+
+    recipe = load_recipe("eagle3-smollm2", [f"head={head}", "head.draft_vocab_size=100"])
+    with pytest.raises(DraftheadsError, match=refusal) as refused:
+        recipe.resolve(family_config(family, 384))
+    assert "head.draft_layer: llama" in str(refused.value)
+
+
+def test_on_a_recurrent_target_a_default_tree_with_branches_becomes_its_chain(capsys):
+    from tests.families import family_config
+
+    recipe = load_recipe("eagle3-smollm2", ["head.draft_vocab_size=100"])
+    recipe.resolve(family_config("qwen3_next", 384))
+    assert recipe.head.default_tree == "chain:5" and "verifies chains only" in capsys.readouterr().err
+    recipe.resolve(family_config("qwen3_next", 384))   # resolved twice (config, then the loaded model): said once
+    assert capsys.readouterr().err == ""

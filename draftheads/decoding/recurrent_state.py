@@ -28,17 +28,13 @@ def check_recurrent_target(target, spec: Tree | DynamicTreeSpec | None, rows: in
     if not has_recurrent_state(target):
         return
     kind = target.config.get_text_config(decoder=True).model_type
-    if spec is not None and not is_chain(spec):
+    if spec is not None and not (isinstance(spec, Tree) and spec.is_chain):
         raise DraftheadsError(f"this {kind} target's linear-attention layers keep a recurrent state a tree's branches "
                               "cannot share; verify a chain (tree chain:K)")
     if rows > 1:
         raise DraftheadsError(f"this {kind} target's linear-attention layers keep a recurrent state that rows "
                               "accepting different drafts cannot rebuild together; decode one prompt at a time "
                               "(batch size 1)")
-
-
-def is_chain(spec: Tree | DynamicTreeSpec) -> bool:
-    return isinstance(spec, Tree) and spec.num_nodes == spec.depth + 1
 
 
 class Replay:

@@ -123,9 +123,9 @@ class Eagle3Drafter(nn.Module):
         self.config = config
         self.hidden_size, self.vocab_size = hidden, dims.vocab_size
         self.layer = build_decoder_layer(target_config, config.draft_layer or "llama")
-        if not hasattr(self.layer, "input_layernorm"):
-            raise DraftheadsError(f"{type(self.layer).__name__} has no input_layernorm; EAGLE does not support "
-                                  "this target")
+        if not hasattr(self.layer, "input_layernorm"):   # it normalises h, the attention's second input
+            raise DraftheadsError(f"head.draft_layer: target needs a pre-norm layer, and {type(self.layer).__name__} "
+                                  "normalises after attention; use head.draft_layer: llama (the default)")
         eps = norm_eps(target_config)
         # the target's hidden_states[l + 1] is the output of layer l, the input of layer l + 1
         self.feature_layers = tuple(layer + 1 for layer in config.feature_layers) + (-1,)

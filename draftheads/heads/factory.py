@@ -13,10 +13,14 @@ from __future__ import annotations
 import copy
 import sys
 
+import torch
+
 from draftheads.core.config import build, suggest
 from draftheads.core.drafter import TrainableDrafter
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims
+from draftheads.core.target_family import recurrent_layers
+from draftheads.core.tree import Tree, parse_tree
 from draftheads.heads.common import place_like
 from draftheads.heads.dflash import DFlashConfig, DFlashDrafter
 from draftheads.heads.eagle import EagleConfig, EagleDrafter
@@ -78,6 +82,28 @@ def new_drafter(config: HeadConfig, target_config) -> TrainableDrafter:
     dims = target_dims(target_config)
     config.resolve(dims.num_layers, dims.vocab_size)
     return drafter_class(config).from_target(target_config, config)
+
+
+def fit_to_target(config: HeadConfig, target_config, note=lambda line: print(line, file=sys.stderr)) -> None:
+    """Refuse, in one line and before a target's weights load, a head its family cannot carry: the drafter is built
+    on the meta device (shapes only, nothing allocated). On a target whose layers keep a recurrent state (Qwen3-Next,
+    Qwen3.5), which verifies chains only, a default tree with branches becomes the chain of its depth, with a note."""
+    tree = getattr(config, "default_tree", None)
+    if tree and recurrent_layers(target_config):
+        spec = parse_tree(tree, "head.default_tree")
+        if not (isinstance(spec, Tree) and spec.is_chain):
+            config.default_tree = f"chain:{spec.depth}"
+            note(f"note: head.default_tree {tree} becomes chain:{spec.depth}: this {target_config.model_type} "
+                 "target's linear-attention state verifies chains only")
+    try:
+        with torch.device("meta"):
+            new_drafter(config, target_config)
+    except DraftheadsError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a family transformers builds in ways this kind cannot follow
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise DraftheadsError(f"head.type {config.type} cannot be built for a {target_config.model_type} target "
+                              f"({type(e).__name__}: {first}); choose another head.type") from None
 
 
 def bound_drafter(config: HeadConfig, target) -> TrainableDrafter:

@@ -86,8 +86,8 @@ def widen_attention_inputs(layer: nn.Module, in_features: int) -> None:
         old = getattr(attn, name, None)
         if not isinstance(old, nn.Linear):
             raise DraftheadsError(
-                f"EAGLE-3 needs separate q/k/v projections, but {type(attn).__name__} has no '{name}'; "
-                "use head.type: eagle"
+                f"EAGLE-3 widens separate q/k/v projections, but {type(attn).__name__} has no '{name}'; "
+                "use head.draft_layer: llama (the default) or head.type: eagle"
             )
         setattr(attn, name, nn.Linear(in_features, old.out_features, bias=old.bias is not None))
 

@@ -24,7 +24,7 @@ from draftheads.core.run_folder import COMPLETE, incomplete_checkpoints
 from draftheads.core.writable import check_writable
 from draftheads.data.datastore import COLUMNS, check_mode, load_rows, read_meta
 from draftheads.data.hardware import check_cpu_launch, resolve_device, resolve_dtype
-from draftheads.data.target import load_target
+from draftheads.data.target import load_target, load_target_config
 from draftheads.heads.factory import bound_drafter, drafter_class, new_drafter
 from draftheads.interop.load import load_drafter
 from draftheads.interop.vocab_mapping import read_vocab_mapping
@@ -158,6 +158,7 @@ def setup(recipe, accelerator, target=None, drafter=None) -> Run:
     rows = training_rows(recipe)  # read and cut to train.max_length before the target loads: refusals come first
     lengths = B.row_lengths(rows, cfg.max_length)
     train_idx, eval_idx = split_answered(recipe, rows, accelerator)
+    recipe.resolve(_target_config(recipe, target))   # a head this family cannot carry: refused before it loads
     model = _target_model(recipe, accelerator, target)
     recipe.resolve(model.config)
     place_target(recipe, accelerator, model)
@@ -231,6 +232,14 @@ def data_target(folder: Path) -> str | None:
     """The target (name@revision) a data folder's metadata says wrote it; None where it says nothing."""
     target = read_meta(folder).get("target")
     return f"{target.get('name')}@{target.get('revision') or 'main'}" if isinstance(target, dict) else None
+
+
+def _target_config(recipe, target):
+    """The target's transformers config: the given model's, or read from its files without the weights."""
+    if target is not None:
+        return (target[0] if isinstance(target, (tuple, list)) else target).config
+    t = recipe.target
+    return load_target_config(t.name, t.revision, t.trust_remote_code)
 
 
 def _target_model(recipe, accelerator, target):
