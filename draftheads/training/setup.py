@@ -247,7 +247,9 @@ def _target_model(recipe, accelerator, target):
         model = target[0] if isinstance(target, (tuple, list)) else target
         return model.to(accelerator.device)
     t = recipe.target
-    model, _ = load_target(t.name, dtype=resolve_dtype(recipe.train.dtype, accelerator.device),
+    # 'auto' is resolved by load_target, which loads a quantized GGUF in fp32 (bf16 would cast every matmul)
+    dtype = "auto" if recipe.train.dtype == "auto" else resolve_dtype(recipe.train.dtype, accelerator.device)
+    model, _ = load_target(t.name, dtype=dtype,
                            device=str(accelerator.device), revision=t.revision, trust_remote_code=t.trust_remote_code,
                            chat_template=t.chat_template, attn_implementation=t.attn_implementation,
                            mode=recipe.data.mode)
