@@ -1,9 +1,9 @@
 """DFlash and P-EAGLE (block-parallel) beside EAGLE-3 at equal data and training minutes, and DFlash's block sizes.
 
-    .venv/bin/python benchmarks/block_parallel.py                              # demo data, 10 minutes each
-    .venv/bin/python benchmarks/block_parallel.py --data data/smollm2-self --minutes 35 --blocks 8
-    .venv/bin/python benchmarks/block_parallel.py --prompts tasks --limit 16 --tree auto
-    .venv/bin/python benchmarks/block_parallel.py --drafters eagle3,dflash --blocks 4 --runs runs/at-35 ...
+    .venv/bin/python -m benchmarks.block_parallel                              # demo data, 10 minutes each
+    .venv/bin/python -m benchmarks.block_parallel --data data/smollm2-self --minutes 35 --blocks 8
+    .venv/bin/python -m benchmarks.block_parallel --prompts tasks --limit 16 --tree auto
+    .venv/bin/python -m benchmarks.block_parallel --drafters eagle3,dflash --blocks 4 --runs runs/at-35 ...
 
 Trains (or resumes, when a run folder holds a finished run of the same settings) one EAGLE-3 drafter (the
 eagle3-smollm2 head), one P-EAGLE drafter (the peagle-smollm2 head) and one DFlash drafter per block size (the
@@ -24,13 +24,11 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks.cpu_training import EAGLE3_RUN, train_for_minutes
 from draftheads.core.run_folder import DRAFTER
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
 from draftheads.recipe import load_recipe
-
-# beside this script: `python benchmarks/...` puts benchmarks/ on sys.path
-from cpu_training import EAGLE3_RUN, train_for_minutes
 
 
 def recipe_section(recipe: str, section: str) -> dict:

@@ -1,6 +1,6 @@
 """How much DDTree's exact best-N tree adds over EAGLE-2's frontier for a block-parallel drafter (DFlash, P-EAGLE).
 
-    .venv/bin/python benchmarks/block_trees.py runs/bench/dflash-b8/best/drafter --trees dynamic:6,7,24 dynamic:2,7,16
+    .venv/bin/python -m benchmarks.block_trees runs/bench/dflash-b8/best/drafter --trees dynamic:6,7,24 dynamic:2,7,16
 
 Decodes the first --limit HumanEval prompts (raw text, greedy) with the drafter's own dynamic tree, records the
 per-slot logits of every drafting step, and grows each --trees spec from them twice: exactly (what the block heads

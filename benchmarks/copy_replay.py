@@ -1,7 +1,7 @@
 """tau of the model-free drafters (prompt lookup, suffix decoding at several settings) replayed on text the target
 wrote: what their defaults were chosen from.
 
-    python benchmarks/copy_replay.py [--prompts humaneval tasks long] [--limit 40] [--texts runs/bench/texts]
+    python -m benchmarks.copy_replay [--prompts humaneval tasks long] [--limit 40] [--texts runs/bench/texts]
 
 The embedded target answers each prompt once, greedily (cached as JSON under --texts); then each drafter is walked
 along those answers in order, as the loop would run it on them: it proposes from the text so far, the longest

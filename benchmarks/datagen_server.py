@@ -1,7 +1,7 @@
 """Rows/s and generated tokens/s of `draftheads data` through llama-server at several concurrencies, and locally.
 
-    python benchmarks/datagen_server.py                               # 48 demo prompts, concurrency 1, 4, 8, local
-    python benchmarks/datagen_server.py --prompts 4 --max-new-tokens 32 --concurrency 1,4
+    python -m benchmarks.datagen_server                               # 48 demo prompts, concurrency 1, 4, 8, local
+    python -m benchmarks.datagen_server --prompts 4 --max-new-tokens 32 --concurrency 1,4
 
 The N prompts are the demo recipe's own (self prompts the target writes, once, through the server at the highest
 concurrency); every measured run then answers exactly those prompts with the demo recipe's data settings, greedy:

@@ -1,6 +1,6 @@
 """Does an EAGLE-3 draft layer of the target's own class accept more than the Llama layer the engines build?
 
-    .venv/bin/python benchmarks/draft_layer.py [--family qwen3] [--steps 400]
+    .venv/bin/python -m benchmarks.draft_layer [--family qwen3] [--steps 400]
 
 On the embedded target (a Llama) the two are the same layer, so this runs on a small randomly initialised target of
 another family (the test fixtures' Qwen3 by default, with wider layers): the target writes its own training data
@@ -14,18 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the test fixtures build the target
-
-from draftheads.data.datagen import run_data  # noqa: E402
-from draftheads.evaluation.eval_config import EvalConfig  # noqa: E402
-from draftheads.evaluation.evaluate import run_eval  # noqa: E402
-from draftheads.recipe import recipe_from_dict  # noqa: E402
-from draftheads.training.loop import run_training  # noqa: E402
-from tests.fixtures import CORPUS, make_target, make_tokenizer  # noqa: E402
+from draftheads.data.datagen import run_data
+from draftheads.evaluation.eval_config import EvalConfig
+from draftheads.evaluation.evaluate import run_eval
+from draftheads.recipe import recipe_from_dict
+from draftheads.training.loop import run_training
+from tests.fixtures import CORPUS, make_target, make_tokenizer
 
 WORDS = sorted({w for line in CORPUS for w in line.split()})
 

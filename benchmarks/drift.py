@@ -1,8 +1,8 @@
 """What updating the target does to its EAGLE-3 drafter, and what keeping the drafter current costs.
 
-    .venv/bin/python benchmarks/drift.py shift      # updated targets made (cached), the drafter's drift on each
-    .venv/bin/python benchmarks/drift.py recover    # warm start vs scratch on the most shifted target
-    .venv/bin/python benchmarks/drift.py monitor    # the retrain rule on llama-server, original vs updated targets
+    .venv/bin/python -m benchmarks.drift shift      # updated targets made (cached), the drafter's drift on each
+    .venv/bin/python -m benchmarks.drift recover    # warm start vs scratch on the most shifted target
+    .venv/bin/python -m benchmarks.drift monitor    # the retrain rule on llama-server, original vs updated targets
 
 `shift` makes the updated targets from the embedded SmolLM2 (cached under targets/): full fine-tunes and LoRA
 fine-tunes at two strengths each on data/update-writing (the target's own sampled answers to writing, role-play,
@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.cpu_training import train_for_minutes
 from draftheads.core.targets import embedded_gguf
 from draftheads.data.chat import first_messages, render_ids, stop_token_ids
 from draftheads.data.datagen import run_data
@@ -44,15 +45,13 @@ from draftheads.evaluation.acceptance_monitor import RetrainRule, serve_monitore
 from draftheads.evaluation.drift import run_drift
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
-from draftheads.evaluation.plots import _pyplot, save
+from draftheads.evaluation.plots import save
 from draftheads.interop.export import export_drafter
 from draftheads.interop.gguf_targets import convert_to_gguf, requantize_gguf
 from draftheads.interop.llama_cpp_build import install_llama_cpp
 from draftheads.interop.load import load_drafter
 from draftheads.recipe import load_recipe
 from draftheads.training.target_update import UpdateConfig, update_target
-
-from cpu_training import train_for_minutes  # beside this script: `python benchmarks/...` puts benchmarks/ on sys.path
 
 UPDATES = {"full-12-2e-5": UpdateConfig(method="full", steps=12, lr=2e-5),
            "full-12-1e-4": UpdateConfig(method="full", steps=12, lr=1e-4),
@@ -151,8 +150,19 @@ def monitor(args) -> None:
         print(f"  {name:14s} acceptance {rate:.3f}  retrain rule fired {fired}")
 
 
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no window), chosen before pyplot is imported as
+    evaluation/plots.py chooses it."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def plot_recovery(curves: dict, old_tau: float, path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, points in curves.items():
         ax.plot([p["minutes"] for p in points], [p["tau"] for p in points], marker="o", label=name)
@@ -166,7 +176,7 @@ def plot_recovery(curves: dict, old_tau: float, path: Path) -> None:
 
 def plot_shift(points: list[tuple[str, float, float, float, float]], path: Path) -> None:
     """tau measured and predicted on each updated target against its top-1 agreement with the old one."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, agreement, old, new, predicted in points:
         ax.scatter([agreement], [new], color="C0")

@@ -1,6 +1,6 @@
 """What a speculative step costs inside llama.cpp on this machine, and the tokens per pass a drafter needs to pay.
 
-    python benchmarks/llama_cpp_costs.py EXPORT_FOLDER [--types Q4_1,Q4_0] [--draft-tokens 1,2,3,4] [--prompts 5]
+    python -m benchmarks.llama_cpp_costs EXPORT_FOLDER [--types Q4_1,Q4_0] [--draft-tokens 1,2,3,4] [--prompts 5]
 
 EXPORT_FOLDER is a `draftheads export --format llama.cpp` folder (drafter.gguf and the target GGUF). For the target
 as shipped and requantized to each of --types (from its own weights, with the gguf package: the values it holds

@@ -1,9 +1,9 @@
 """Peers at equal budget: our EAGLE-3 trainer beside speculators' own EAGLE-3 trainer, on the same target-generated
 rows for the same CPU minutes, both drafters then evaluated in one `draftheads eval` run (same prompts, tree, greedy).
 
-    .venv/bin/python benchmarks/peers.py                                     # data/demo-self, 10 minutes each
-    .venv/bin/python benchmarks/peers.py --data data/smollm2-self --minutes 35 --limit 20 --tree dynamic:6,5,24
-    .venv/bin/python benchmarks/peers.py --skip-train                        # evaluate the runs under --out again
+    .venv/bin/python -m benchmarks.peers                                     # data/demo-self, 10 minutes each
+    .venv/bin/python -m benchmarks.peers --data data/smollm2-self --minutes 35 --limit 20 --tree dynamic:6,5,24
+    .venv/bin/python -m benchmarks.peers --skip-train                        # evaluate the runs under --out again
 
 1. Ours: the eagle3-smollm2 recipe's head (1 Llama layer, ttt_steps 3, an 8,192-token draft vocabulary), trained
    offline by cpu_training.train_for_minutes (the benchmarks' CPU shape: batch 16 rows of <= 512 tokens, lr 1e-3
@@ -47,6 +47,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from benchmarks.cpu_training import EAGLE3_RUN, train_for_minutes
+from benchmarks.speculators_data import write_speculators_data
 from draftheads.core.run_folder import FINAL, RECIPE_FILE, list_checkpoints
 from draftheads.core.targets import locate_target
 from draftheads.data.datastore import load_rows
@@ -57,10 +59,6 @@ from draftheads.interop.load import load_drafter
 from draftheads.interop.vocab_mapping import write_vocab_mappings
 from draftheads.recipe import load_recipe
 from draftheads.training.batches import split_rows
-
-# beside this script: `python benchmarks/...` puts benchmarks/ on sys.path
-from cpu_training import EAGLE3_RUN, train_for_minutes
-from speculators_data import write_speculators_data
 
 HERE = Path(__file__).resolve().parent
 SPECULATORS_PYTHON = HERE.parent / ".venv-speculators" / "bin" / "python"

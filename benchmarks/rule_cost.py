@@ -1,6 +1,6 @@
 """What the acceptance rules cost per step on SmolLM2's vocabulary (49,152 tokens), a 25-node tree, bf16 logits.
 
-    .venv/bin/python benchmarks/rule_cost.py
+    .venv/bin/python -m benchmarks.rule_cost
 
 Prints milliseconds per step (median of 30) for greedy, strict warping every node first (how the loop ran
 before), strict warping only the nodes its walk reaches (how it runs now), and typical, at T = 0.7 and 1.0, with

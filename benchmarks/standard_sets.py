@@ -2,7 +2,7 @@
 drafter in each run (plain decoding, prompt lookup and the drafters interleaved prompt by prompt), gathered into one
 table of tau and speedup per set and preset, and per MT-Bench category.
 
-    .venv/bin/python benchmarks/standard_sets.py runs/peers/eagle3-draftheads runs/peers/eagle3-speculators \
+    .venv/bin/python -m benchmarks.standard_sets runs/peers/eagle3-draftheads runs/peers/eagle3-speculators \
         --sets humaneval:10,mt-bench:8 --presets specbundle-4,specbundle-8 --max-new-tokens 96 --out runs/standard
 
 Writes <out>/<set>-<preset>/ (each run's own report) and <out>/standard_sets.md / .json. Run it with nothing else

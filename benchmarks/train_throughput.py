@@ -1,8 +1,8 @@
 """Training tokens/s: padded (length-bucketed or not) vs packed batches, and 1 vs 2 processes, in one run.
 
-    python benchmarks/train_throughput.py                         # EAGLE-3 on the demo's SmolLM2 data, online
-    python benchmarks/train_throughput.py --modes online,offline --rounds 2 --steps 16
-    python benchmarks/train_throughput.py --processes 1,2 --layouts bucketed
+    python -m benchmarks.train_throughput                         # EAGLE-3 on the demo's SmolLM2 data, online
+    python -m benchmarks.train_throughput --modes online,offline --rounds 2 --steps 16
+    python -m benchmarks.train_throughput --processes 1,2 --layouts bucketed
 
 Every configuration is a fresh `draftheads train` of the same recipe for --steps optimizer steps, launched in
 turn, round after round (configurations interleaved, so load from elsewhere hits them alike). Tokens/s counts

@@ -6,7 +6,13 @@ __init__ files count as modules); function-local imports of draftheads modules s
 that import lazily for start-up time, and of third-party packages in the short list ARCHITECTURE.md
 gives; and `draftheads --help` does not import torch. The folder tree under draftheads/ is the
 import tree, so modules are found by walking it. No line of the Python files under draftheads/,
-benchmarks/ and tests/ is longer than LINE_LENGTH characters.
+benchmarks/, tests/ and tools/ is longer than LINE_LENGTH characters.
+
+Outside the package (OUTSIDE_RULES): benchmarks/ is a package above draftheads, run as `python -m benchmarks.NAME`;
+it imports draftheads, its own modules by their full names and, of the tests, only tests.fixtures, which imports
+nothing of tests or benchmarks. Tests import benchmarks as modules; draftheads imports none of them. tools/ (scripts
+that build shipped data) imports only draftheads; benchmarks/peer_runners/ runs in another venv and imports nothing
+of ours. Nowhere is sys.path edited or a file loaded as a module by its path.
 
     python tests/test_architecture.py [CHECKOUT]    # prints the import graph's counts
 """
@@ -20,6 +26,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LINE_LENGTH = 120  # pyproject.toml's [tool.ruff] line-length
+OURS = ("draftheads", "benchmarks", "tests", "tools")
+# importer (the longest prefix that holds it) -> what of OURS it may import: a top-level name allows all of it
+OUTSIDE_RULES = {
+    "draftheads": {"draftheads"},
+    "benchmarks": {"draftheads", "benchmarks", "tests.fixtures"},
+    "benchmarks.peer_runners": set(),
+    "tests": {"draftheads", "tests", "benchmarks"},
+    "tests.fixtures": {"draftheads"},
+    "tools": {"draftheads"},
+}
+# what loads a file as a module by its path, beside editing sys.path
+PATH_LOADERS = {"spec_from_file_location", "module_from_spec", "SourceFileLoader", "runpy"}
 
 
 def architecture(root: Path = ROOT) -> str:
@@ -162,7 +180,7 @@ def test_help_does_not_import_torch():
 
 
 def test_no_line_is_longer_than_120_characters():
-    long = [f"{file.relative_to(ROOT)}:{number}" for folder in ("draftheads", "benchmarks", "tests")
+    long = [f"{file.relative_to(ROOT)}:{number}" for folder in OURS
             for file in sorted((ROOT / folder).rglob("*.py"))
             for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1) if len(line) > LINE_LENGTH]
     assert not long, f"lines longer than {LINE_LENGTH} characters:\n" + "\n".join(long)
@@ -173,10 +191,83 @@ def test_no_source_file_is_ignored_by_git():
     draftheads/data/). Where there is no git checkout (an unpacked sdist) there is nothing to check."""
     if not (ROOT / ".git").exists():
         return
-    done = subprocess.run(["git", "ls-files", "--others", "--ignored", "--exclude-standard", "draftheads", "tests",
-                           "benchmarks"], cwd=ROOT, capture_output=True, text=True, check=True)
+    done = subprocess.run(["git", "ls-files", "--others", "--ignored", "--exclude-standard", *OURS], cwd=ROOT,
+                          capture_output=True, text=True, check=True)
     hidden = [f for f in done.stdout.splitlines() if f.endswith((".py", ".yaml", ".jsonl", ".md"))]
     assert not hidden, f"source files .gitignore hides from every clone: {hidden}"
+
+
+def outside_modules(root: Path = ROOT) -> dict[str, Path]:
+    """Module name -> file for every .py file under benchmarks/, tests/ and tools/, as `python -m` names it."""
+    found = {}
+    for folder in OURS[1:]:
+        for file in sorted((root / folder).rglob("*.py")):
+            parts = file.relative_to(root).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = file
+    return found
+
+
+def named_imports(file: Path, known: set[str]) -> list[tuple[str, int]]:
+    """(imported module, line) for every import in `file`, function-local ones included: a known module by its full
+    name, anything else as written; a relative import as its dots."""
+    out = []
+    for node in ast.walk(ast.parse(file.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            out.append(("." * node.level + (node.module or ""), node.lineno))
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+            out += [(n, node.lineno) for n in [n for n in names if n in known] or [node.module]]
+        elif isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+    return out
+
+
+def outside_import_problem(importer: str, target: str, known: set[str], bare: set[str]) -> str | None:
+    """Why `importer` may not import `target` under OUTSIDE_RULES, or None."""
+    if target.startswith("."):
+        return "a relative import (name the module in full)"
+    if target.split(".")[0] in bare:
+        return "a module of ours by its bare name (name it in full: benchmarks.NAME, tests.NAME)"
+    if target.split(".")[0] not in OURS:
+        return None
+    rule = max((r for r in OUTSIDE_RULES if importer == r or importer.startswith(r + ".")), key=len)
+    if not any(target == a or target.startswith(a + ".") for a in OUTSIDE_RULES[rule]):
+        allowed = ", ".join(sorted(OUTSIDE_RULES[rule])) or "nothing"
+        return f"a {rule} module imports {allowed} of ours"
+    if target.startswith(("benchmarks", "tests", "tools")) and (target not in known or "peer_runners" in target):
+        return "no module of the package (peer_runners/ holds scripts run in another venv)"
+    return None
+
+
+def test_benchmarks_tests_and_tools_import_by_the_outside_rules():
+    outside = outside_modules()
+    known = set(outside)
+    bare = {f.stem for f in outside.values()} - {"__init__", "conftest"}
+    files = {**modules(), **outside}
+    wrong = [f"{name}:{line} imports {target}: {problem}" for name, file in files.items()
+             for target, line in named_imports(file, known)
+             if (problem := outside_import_problem(name, target, known, bare))]
+    assert not wrong, "imports against the outside rules:\n" + "\n".join(wrong)
+
+
+def path_hacks(file: Path) -> list[tuple[int, str]]:
+    """(line, name) for every use of sys.path in `file`, and of what loads a file as a module by its path."""
+    found = []
+    for node in ast.walk(ast.parse(file.read_text())):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "sys":
+            names = {"sys.path"} if node.attr == "path" else set()
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = {a.name for a in node.names} & PATH_LOADERS
+        else:
+            names = {getattr(node, "attr", None) or getattr(node, "id", None)} & PATH_LOADERS
+        found += [(node.lineno, name) for name in sorted(names)]
+    return found
+
+
+def test_no_sys_path_edits_and_no_files_loaded_by_path():
+    found = [f"{file.relative_to(ROOT)}:{line} {name}" for folder in OURS
+             for file in sorted((ROOT / folder).rglob("*.py")) for line, name in path_hacks(file)]
+    assert not found, "sys.path used or a file loaded by its path (import it as a module):\n" + "\n".join(found)
 
 
 def report(root: Path) -> None:

@@ -2,7 +2,6 @@
 (benchmarks/speculators_data.py) read back by speculators' own data loader, and its own trainer run on CPU from them
 (benchmarks/peer_runners/speculators_train.py), its checkpoint then loaded into our loop. Needs .venv-speculators."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from benchmarks.speculators_data import write_speculators_data
 from draftheads.heads.eagle3 import default_feature_layers
 from draftheads.interop.load import load_drafter
 from draftheads.interop.vocab_mapping import write_vocab_mappings
@@ -44,13 +44,6 @@ save_file(items, out)
 """
 
 
-def speculators_data_module():
-    spec = importlib.util.spec_from_file_location("speculators_data", ROOT / "benchmarks" / "speculators_data.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def speculators_python():
     if not SPECULATORS_PYTHON.is_file():
@@ -72,8 +65,8 @@ def exported(tiny_target_dir, tmp_path_factory):
     rows = datasets.Dataset.from_dict({"input_ids": ids, "loss_mask": masks}).with_format("numpy")
     layers = [layer + 1 for layer in default_feature_layers(target.config.num_hidden_layers)]  # hidden_states indices
     folder = tmp_path_factory.mktemp("speculators-data")
-    speculators_data_module().write_speculators_data(target, rows, ORDER, layers, folder, max_length=MAX_LENGTH,
-                                                     batch_size=4, dtype=torch.float32)
+    write_speculators_data(target, rows, ORDER, layers, folder, max_length=MAX_LENGTH, batch_size=4,
+                           dtype=torch.float32)
     return target, ids, masks, layers, folder
 
 

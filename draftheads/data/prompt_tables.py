@@ -181,7 +181,7 @@ PROMPT_SETS = Path(__file__).parent / "prompt_sets"
 #        first 8 n prompts hold n of each kind
 # long   22 prompts of the 4 passage kinds, 120-1,830 tokens (summarization, extraction, a question on an article,
 #        answering from four articles), written by the target with seeds no training run uses
-#        (benchmarks/long_prompts.py); the rows cycle through the kinds
+#        (tools/long_prompts.py); the rows cycle through the kinds
 EVAL_SETS = ("tasks", "long")
 
 

@@ -1,6 +1,6 @@
 """How draftheads/data/prompt_sets/long.jsonl was made: the bundled long-context evaluation set (`--prompts long`).
 
-    python benchmarks/long_prompts.py [--per-kind 6] [--out draftheads/data/prompt_sets/long.jsonl]
+    python tools/long_prompts.py [--per-kind 6] [--out draftheads/data/prompt_sets/long.jsonl]
 
 The embedded target writes the articles and questions of the four passage kinds (data/task_kinds.py) with a seed
 no recipe uses (SEED), as self-written training data would be made, but the rows are stored and never trained on
