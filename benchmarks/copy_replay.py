@@ -33,7 +33,7 @@ def answers(source: str, limit: int, folder: Path) -> list[dict]:
     from draftheads.data.prompt_source import PromptSource
     from draftheads.data.prompts import load_source
     from draftheads.decoding.generate import speculative_generate
-    from draftheads.evaluation.conversations import Conversation, EvalSettings, first_chat
+    from draftheads.measurement.conversations import Conversation, EvalSettings, first_chat
 
     path = folder / f"{source}-{limit}.json"
     if path.is_file():

@@ -41,8 +41,9 @@ from draftheads.data.prompt_source import PromptSource
 from draftheads.data.prompts import load_source
 from draftheads.data.target import load_target
 from draftheads.decoding.generate import speculative_generate
-from draftheads.evaluation.acceptance_monitor import RetrainRule, serve_monitored
-from draftheads.evaluation.drift import run_drift
+from draftheads.drift.acceptance_monitor import RetrainRule, serve_monitored
+from draftheads.drift.drift import run_drift
+from draftheads.drift.target_update import UpdateConfig, update_target
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
 from draftheads.evaluation.plots import save
@@ -51,7 +52,6 @@ from draftheads.interop.gguf_targets import convert_to_gguf, requantize_gguf
 from draftheads.interop.llama_cpp_build import install_llama_cpp
 from draftheads.interop.load import load_drafter
 from draftheads.recipe import load_recipe
-from draftheads.training.target_update import UpdateConfig, update_target
 
 UPDATES = {"full-12-2e-5": UpdateConfig(method="full", steps=12, lr=2e-5),
            "full-12-1e-4": UpdateConfig(method="full", steps=12, lr=1e-4),

@@ -19,13 +19,13 @@ import json
 from pathlib import Path
 
 from draftheads.core.tree import parse_tree
-from draftheads.evaluation.drafter_specs import model_free, split_spec
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
 from draftheads.evaluation.presets import PRESETS
 from draftheads.evaluation.saved_runs import load_eval_target
 from draftheads.interop.load import load_drafter
 from draftheads.interop.native import FORMAT, read_config, resolve_drafter_folder, saved_head
+from draftheads.measurement.drafter_specs import model_free, split_spec
 
 
 def arguments() -> argparse.Namespace:

@@ -313,7 +313,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_drift(args) -> int:
-    from draftheads.evaluation.drift import DriftConfig, run_drift
+    from draftheads.drift.drift import DriftConfig, run_drift
     from draftheads.evaluation.eval_config import EvalConfig
     from draftheads.evaluation.saved_runs import saved_eval_settings
 
@@ -328,8 +328,8 @@ def cmd_update_target(args) -> int:
     from pathlib import Path
 
     from draftheads.core.targets import ALIASES, embedded_gguf
+    from draftheads.drift.target_update import UpdateConfig, update_target
     from draftheads.interop.gguf_targets import convert_to_gguf, requantize_gguf
-    from draftheads.training.target_update import UpdateConfig, update_target
 
     config = _from_flags(UpdateConfig, args)   # every flag checked, --requantize or not
     if args.requantize:
@@ -351,7 +351,7 @@ def cmd_update_target(args) -> int:
 
 def cmd_monitor(args) -> int:
     """Exit status 3 when the rule fired: a script or a scheduler can start the retraining on it."""
-    from draftheads.evaluation.acceptance_monitor import MonitorConfig, RetrainRule, watch
+    from draftheads.drift.acceptance_monitor import MonitorConfig, RetrainRule, watch
 
     rule = _from_flags(RetrainRule, args)
     polling = _from_flags(MonitorConfig, args)

@@ -19,7 +19,7 @@ def thread_count(request):
 
 @pytest.fixture(scope="session", autouse=True)
 def profile_cache(tmp_path_factory):
-    """Cost profiles (evaluation/profile.py) of the tests' targets go to a folder of this session, not the user's."""
+    """Cost profiles (costmodel/profile.py) of the tests' targets go to a folder of this session, not the user's."""
     os.environ["DRAFTHEADS_PROFILES"] = str(tmp_path_factory.mktemp("profiles"))
 
 

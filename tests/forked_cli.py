@@ -21,8 +21,8 @@ import traceback
 from pathlib import Path
 
 # what the commands import when they run (draftheads/cli.py imports them lazily), imported once here
-PRELOAD = ("draftheads.cli", "draftheads.recipe", "draftheads.training.loop", "draftheads.training.target_update",
-           "draftheads.data.datagen", "draftheads.evaluation.evaluate", "draftheads.evaluation.drift",
+PRELOAD = ("draftheads.cli", "draftheads.recipe", "draftheads.training.loop", "draftheads.drift.target_update",
+           "draftheads.data.datagen", "draftheads.evaluation.evaluate", "draftheads.drift.drift",
            "draftheads.interop.export")
 TIMEOUT_S = 240
 

@@ -249,11 +249,11 @@ def test_a_setting_s_flag_has_its_default_in_the_settings_class_alone():
     import argparse
 
     from draftheads.cli import build_parser
-    from draftheads.evaluation.acceptance_monitor import MonitorConfig, RetrainRule
-    from draftheads.evaluation.drift import DriftConfig
+    from draftheads.drift.acceptance_monitor import MonitorConfig, RetrainRule
+    from draftheads.drift.drift import DriftConfig
+    from draftheads.drift.target_update import UpdateConfig
     from draftheads.evaluation.eval_config import EngineEvalConfig, EvalConfig
     from draftheads.interop.export import ExportConfig
-    from draftheads.training.target_update import UpdateConfig
 
     def commands(parser):
         for action in parser._actions:

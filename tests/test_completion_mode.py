@@ -11,10 +11,10 @@ import pytest
 
 from draftheads.data.datagen import run_data
 from draftheads.data.datastore import load_rows
-from draftheads.evaluation.conversations import Conversation, EvalSettings, first_chat
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
 from draftheads.evaluation.saved_runs import load_eval_target
+from draftheads.measurement.conversations import Conversation, EvalSettings, first_chat
 from draftheads.recipe import recipe_from_dict
 from draftheads.training.loop import run_training
 from tests.fixtures import make_base_tokenizer, make_target

@@ -266,11 +266,11 @@ def sources(world, tmp_path_factory):
     vLLM export, an eval report."""
     from draftheads.data.datagen import run_data
     from draftheads.data.target import load_target
+    from draftheads.drift.target_update import UpdateConfig, update_target
     from draftheads.evaluation.eval_config import EvalConfig
     from draftheads.evaluation.evaluate import run_eval
     from draftheads.interop.export import export_drafter
     from draftheads.recipe import load_recipe
-    from draftheads.training.target_update import UpdateConfig, update_target
 
     s = tmp_path_factory.mktemp("written")
     target = str(world / "target")

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from draftheads.core.state_files import read_yaml
+
 COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.json"
 RECIPE_FILE = "recipe.yaml"
@@ -53,3 +55,12 @@ def drafter_candidates(run_dir: Path) -> list[Path]:
     run_dir = Path(run_dir)
     return [run_dir / FINAL / DRAFTER] + [step / DRAFTER for step in reversed(list_checkpoints(run_dir))]
 
+
+def run_recipe(folder: Path) -> dict | None:
+    """The resolved recipe saved with the run that produced this drafter (newest checkpoint's copy)."""
+    run = folder.resolve().parent.parent
+    copies = sorted(run.glob(f"step_*/{RECIPE_FILE}"))
+    if not copies:
+        return None
+    return read_yaml(copies[-1], "run recipe copy", f"copy {RECIPE_FILE} over it from another checkpoint of the run "
+                     "(or from the recipe it was trained with), or train again")

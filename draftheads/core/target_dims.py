@@ -21,3 +21,9 @@ def text_config(target_config):
 def target_dims(target_config) -> TargetDims:
     text = text_config(target_config)
     return TargetDims(text.hidden_size, text.vocab_size, text.num_hidden_layers)
+
+
+def context_limit(model) -> int:
+    """The target's context length in tokens (unbounded when its config names none)."""
+    text = model.config.get_text_config(decoder=True)
+    return int(getattr(text, "max_position_embeddings", None) or 1 << 20)

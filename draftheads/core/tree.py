@@ -181,8 +181,8 @@ MAX_SPEC_CHARS = 100_000
 @dataclass(frozen=True)
 class AutoTreeSpec:
     """A static tree of at most `budget` draft nodes that `draftheads eval` fits to each drafter's measured
-    per-depth, per-rank accuracies (evaluation/auto_tree.py); no drafter proposes it directly.
-    objective 'speed': the highest predicted tokens per second on this machine (evaluation/cost_model.py);
+    per-depth, per-rank accuracies (costmodel/auto_tree.py); no drafter proposes it directly.
+    objective 'speed': the highest predicted tokens per second on this machine (costmodel/cost_model.py);
     'tau': the most tokens per forward, all `budget` nodes used."""
 
     budget: int = AUTO_BUDGET

@@ -1,9 +1,12 @@
-"""Device and dtype choices shared by target loading, training and evaluation."""
+"""Device and dtype choices shared by target loading, training and evaluation, and what a report or a cost profile
+records of the machine (`environment`)."""
 
 from __future__ import annotations
 
 import functools
+import importlib.metadata as md
 import os
+import platform
 import re
 from pathlib import Path
 
@@ -75,3 +78,30 @@ def check_cpu_launch(command: str = "train") -> None:
         n = int(found.group(1))
         raise DraftheadsError(f"accelerate launch --cpu starts one process, not {n}; for {n} CPU processes run: "
                               f"torchrun --nproc_per_node {n} -m draftheads.{command} RECIPE")
+
+
+def environment() -> dict:
+    """Library versions and hardware, for report.json."""
+    versions = {"python": platform.python_version()}
+    for name in ("draftheads", "torch", "transformers", "accelerate", "datasets", "safetensors", "peft"):
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError:
+            versions[name] = None
+    hardware = {"platform": platform.platform(), "machine": platform.machine(), "cpu": _cpu_model(),
+                "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                "cpu_native_bf16": cpu_has_native_bf16(), "cuda": None}
+    if torch.cuda.is_available():
+        hardware["cuda"] = {"device": torch.cuda.get_device_name(), "count": torch.cuda.device_count(),
+                            "cuda_version": torch.version.cuda}
+    return {"versions": versions, "hardware": hardware}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"

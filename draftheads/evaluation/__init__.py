@@ -1,3 +1,4 @@
-"""Measuring drafters: `draftheads eval` (evaluate.py and the modules it is split into), the report (report.py,
-plots.py), the machine's cost profile and the predictions made from it (profile.py, cost_model.py), automatic
-trees, and drafters measured inside a serving engine (engine_eval.py)."""
+"""Measuring drafters: `draftheads eval` (evaluate.py: its settings in eval_config.py and presets.py, the target and
+drafters read back in saved_runs.py), its rows and report (results.py, summary.py, report.py, plots.py,
+report_folder.py), `draftheads profile` (profile_report.py), and drafters measured inside a serving engine
+(engine_eval.py, engine_report.py)."""

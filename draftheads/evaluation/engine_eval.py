@@ -24,22 +24,19 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from draftheads.core.errors import DraftheadsError
+from draftheads.core.target_dims import context_limit
 from draftheads.core.tree import Tree
 from draftheads.data.chat import add_reply, stop_token_ids
+from draftheads.data.hardware import environment
 from draftheads.decoding.stats import GenerationStats
-from draftheads.evaluation.conversations import Conversation, EvalSettings, first_chat, load_conversations
-from draftheads.evaluation.drafter_specs import learned_paths
 from draftheads.evaluation.engine_report import (
     engine_rows,
     format_engine_markdown,
     format_engine_table,
     write_engine_plots,
 )
-from draftheads.evaluation.entries import drafter_name, learned_entry
 from draftheads.evaluation.eval_config import EngineEvalConfig
-from draftheads.evaluation.measure import RunConfig, generate_conversations
-from draftheads.evaluation.profile import context_limit
-from draftheads.evaluation.report import environment, now, write_report
+from draftheads.evaluation.report import now, write_report
 from draftheads.evaluation.report_folder import check_report_folder, report_folder
 from draftheads.evaluation.saved_runs import load_eval_target
 from draftheads.interop.export import export_drafter
@@ -47,6 +44,10 @@ from draftheads.interop.llama_cpp import DRAFTER_FILE
 from draftheads.interop.llama_cpp_build import install_llama_cpp
 from draftheads.interop.llama_server import LlamaServer, Reply
 from draftheads.interop.native import read_export_record, resolve_drafter_folder
+from draftheads.measurement.conversations import Conversation, EvalSettings, first_chat, load_conversations
+from draftheads.measurement.drafter_specs import learned_paths
+from draftheads.measurement.entries import drafter_name, learned_entry
+from draftheads.measurement.measure import RunConfig, generate_conversations
 
 # llama.cpp's n-gram modes at its own settings (long keys and drafts, tuned for rewriting code) and at short ones
 # (a 3-token key, 6 drafted tokens: what a 128-token answer can reuse)

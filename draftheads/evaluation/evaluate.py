@@ -3,10 +3,11 @@
     folder = run_eval(["runs/eagle-smollm2"], EvalConfig(accept=["greedy", "strict"], temperatures=[0.0, 0.7]))
     folder = run_eval(["runs/eagle-smollm2+lookup"], EvalConfig(batch_sizes=[1, 2, 4, 8, 16]))   # + speedup vs batch
 
-Drafters are named by specs (evaluation/drafter_specs.py). In order: the settings are checked (EvalConfig), the
+Drafters are named by specs (measurement/drafter_specs.py). In order: the settings are checked (EvalConfig), the
 target and drafters loaded, the prompts rendered as conversations; on the calibration prompts, automatic trees are
-fitted, gates priced and each drafter's speedup predicted (calibration.py, forecast.py); then every conversation is
-decoded plainly and by every drafter x rule, interleaved (measure.py), and the report written (results.py, report.py).
+fitted, gates priced and each drafter's speedup predicted (costmodel/calibration.py, costmodel/forecast.py); then
+every conversation is decoded plainly and by every drafter x rule, interleaved (measurement/measure.py), and the
+report written (results.py, report.py).
 """
 
 from __future__ import annotations
@@ -14,20 +15,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from draftheads.core.tree import AutoTreeSpec, parse_tree
-from draftheads.evaluation.batch_profile import batch_profile
-from draftheads.evaluation.calibration import COMB_DEPTH, COMB_WIDTH, fit_auto_trees, price_gates
-from draftheads.evaluation.conversations import eval_settings, first_chat, load_conversations
-from draftheads.evaluation.earlier_report import read_earlier
-from draftheads.evaluation.entries import LOOKUP_DEPTH, build_entries, plain_above_entry
+from draftheads.costmodel.batch_profile import batch_profile
+from draftheads.costmodel.calibration import COMB_DEPTH, COMB_WIDTH, fit_auto_trees, price_gates
+from draftheads.costmodel.earlier_report import read_earlier
+from draftheads.costmodel.forecast import predict_entries, prediction_columns
+from draftheads.costmodel.profile import target_profile
+from draftheads.data.hardware import environment
 from draftheads.evaluation.eval_config import EvalConfig
-from draftheads.evaluation.forecast import predict_entries, prediction_columns
-from draftheads.evaluation.measure import measure, plan_configs
 from draftheads.evaluation.plots import write_plots
-from draftheads.evaluation.profile import target_profile
-from draftheads.evaluation.report import environment, format_batch_table, format_table, now, write_report
+from draftheads.evaluation.report import format_batch_table, format_table, now, write_report
 from draftheads.evaluation.report_folder import check_report_folder, report_folder
 from draftheads.evaluation.results import build_rows, results_section
 from draftheads.evaluation.saved_runs import load_eval_target
+from draftheads.measurement.conversations import eval_settings, first_chat, load_conversations
+from draftheads.measurement.entries import LOOKUP_DEPTH, build_entries, plain_above_entry
+from draftheads.measurement.measure import measure, plan_configs
 
 SEED_RULE = "seed + 1000 * prompt index + turn, same for plain and speculative"
 

@@ -14,13 +14,13 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from draftheads.evaluation.calibration import profile_entry
-from draftheads.evaluation.conversations import eval_settings, load_conversations
-from draftheads.evaluation.entries import build_entries
+from draftheads.costmodel.calibration import profile_entry
+from draftheads.costmodel.profile import TargetProfile, target_profile
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.plots import _pyplot, save
-from draftheads.evaluation.profile import TargetProfile, target_profile
 from draftheads.evaluation.saved_runs import load_eval_target
+from draftheads.measurement.conversations import eval_settings, load_conversations
+from draftheads.measurement.entries import build_entries
 
 SHOWN_RULES = [("strict", 0.7, 0, 1.0), ("typical", 0.7, 0, 1.0), ("strict", 0.7, 0, 0.9)]
 

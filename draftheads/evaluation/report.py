@@ -1,65 +1,17 @@
 """The files an evaluation's numbers go into: report.json, report.md, the printed tables (the numbers themselves:
-evaluation/summary.py), and what they record of the machine and the run."""
+evaluation/summary.py), and what they record of the run (of the machine: data/hardware.environment)."""
 
 from __future__ import annotations
 
 import datetime
-import importlib.metadata as md
 import json
 import math
-import os
-import platform
 from pathlib import Path
 
-import torch
-
-from draftheads.core.tree import DynamicTreeSpec, Tree
-from draftheads.data.hardware import cpu_has_native_bf16
 from draftheads.evaluation.presets import PRESETS
 
 TAU_NOTE = ("tau = mean tokens emitted per target verification forward, INCLUDING the bonus token the target "
             "produces itself (plain decoding has tau = 1; accepted drafts per forward = tau - 1)")
-
-
-def describe_tree(tree) -> str:
-    """A short label: chain:K, dynamic:K,D,T or static(N nodes, depth D)."""
-    if isinstance(tree, DynamicTreeSpec):
-        return f"dynamic:{tree.top_k},{tree.depth},{tree.total_tokens}"
-    if isinstance(tree, Tree):
-        if tree.is_chain:
-            return f"chain:{tree.depth}"
-        return f"static({tree.num_nodes - 1} nodes, depth {tree.depth})"
-    return str(tree)
-
-
-# ---------------------------------------------------------------- environment
-
-
-def environment() -> dict:
-    """Library versions and hardware, for report.json."""
-    versions = {"python": platform.python_version()}
-    for name in ("draftheads", "torch", "transformers", "accelerate", "datasets", "safetensors", "peft"):
-        try:
-            versions[name] = md.version(name)
-        except md.PackageNotFoundError:
-            versions[name] = None
-    hardware = {"platform": platform.platform(), "machine": platform.machine(), "cpu": _cpu_model(),
-                "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                "cpu_native_bf16": cpu_has_native_bf16(), "cuda": None}
-    if torch.cuda.is_available():
-        hardware["cuda"] = {"device": torch.cuda.get_device_name(), "count": torch.cuda.device_count(),
-                            "cuda_version": torch.version.cuda}
-    return {"versions": versions, "hardware": hardware}
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 # ---------------------------------------------------------------- files
@@ -264,7 +216,7 @@ def format_markdown(report: dict) -> str:
         "calibration prompts (not evaluated); error = predicted / measured - 1 (batch size 1 only); error at tau: the "
         "same cost model given the tau and nodes per step this run measured (not its timings), the error of the costs "
         "alone. range: the 95% range of the prediction, from the spread of the calibration prompts' own predicted "
-        "speedups and the cost model's error on their steps (evaluation/forecast.py); * where the measured speedup "
+        "speedups and the cost model's error on their steps (costmodel/forecast.py); * where the measured speedup "
         "fell outside it. chain = "
         "(1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)), the chain formula, which assumes every step drafts K tokens and "
         "a verify costs one decode step.",
@@ -282,7 +234,7 @@ def format_markdown(report: dict) -> str:
                 "measured whose speedup is below 1; "
                 "`--plain-above N` (eval.plain_above) decodes plainly while more than N rows are generating; "
                 "`--plain-above auto` measures each drafter again as '<name>@auto', decoding plainly above the rows "
-                "the cost model predicts speculation pays for (evaluation/batch_profile.py).", "",
+                "the cost model predicts speculation pays for (costmodel/batch_profile.py).", "",
                 format_batch_table(report["batch_curve"])]
     if report.get("by_kind"):
         out += ["", "## By task kind", "",

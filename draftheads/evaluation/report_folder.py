@@ -8,7 +8,7 @@ from pathlib import Path
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.writable import check_writable
-from draftheads.evaluation.drafter_specs import split_spec
+from draftheads.measurement.drafter_specs import split_spec
 
 
 def check_report_folder(out: str | None, drafters: list[str] = ()) -> None:

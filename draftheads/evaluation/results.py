@@ -5,9 +5,9 @@ decoding."""
 from __future__ import annotations
 
 from draftheads.decoding.stats import GenerationStats, shared_prefix_length
-from draftheads.evaluation.entries import Entry, entry_info
-from draftheads.evaluation.measure import Measurements, RunConfig
 from draftheads.evaluation.summary import batch_curve, summarise
+from draftheads.measurement.entries import Entry, entry_info
+from draftheads.measurement.measure import Measurements, RunConfig
 
 
 def results_section(found: dict[int, Measurements], entries, conversations, skipped: dict, rows: list[dict]) -> dict:

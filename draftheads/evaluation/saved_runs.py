@@ -6,33 +6,21 @@ from __future__ import annotations
 
 import copy
 import sys
-from pathlib import Path
 
 from draftheads.core.config import build
 from draftheads.core.errors import DraftheadsError
-from draftheads.core.run_folder import RECIPE_FILE
-from draftheads.core.state_files import read_yaml
+from draftheads.core.run_folder import run_recipe
 from draftheads.data.hardware import dtype_name, resolve_device
 from draftheads.data.target import attach_chat_template, load_target
-from draftheads.evaluation.drafter_specs import learned_paths
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.interop.native import (PROVENANCE, read_config, read_export_record, recorded_settings,
                                        resolve_drafter_folder, target_settings, target_summary)
+from draftheads.measurement.drafter_specs import learned_paths
 
 # what flags may set (None: not given), and what only the recording sets; the last two only for the target it names
 FLAGGED = ("dtype", "device", "chat_template")
 RECORDED = ("attn_implementation", "mode")
 SAME_TARGET_ONLY = ("revision", "trust_remote_code")
-
-
-def run_recipe(folder: Path) -> dict | None:
-    """The resolved recipe saved with the run that produced this drafter (newest checkpoint's copy)."""
-    run = folder.resolve().parent.parent
-    copies = sorted(run.glob(f"step_*/{RECIPE_FILE}"))
-    if not copies:
-        return None
-    return read_yaml(copies[-1], "run recipe copy", f"copy {RECIPE_FILE} over it from another checkpoint of the run "
-                     "(or from the recipe it was trained with), or train again")
 
 
 def first_run_recipe(drafters: list[str]) -> dict | None:

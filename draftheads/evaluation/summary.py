@@ -7,7 +7,7 @@ plain-decoding runs of the same prompts (interleaved with them, same process):
     chain      (1 - alpha^(K+1)) / ((1 - alpha) (K c + 1)), the chain formula (Leviathan et al. 2023, eq. 1),
                which takes a verify as one decode step
     speedup    spec tokens/s / plain tokens/s, both end to end (prefill included)
-    predicted  the cost model's speedup (evaluation/cost_model.py), made before the run from the machine's
+    predicted  the cost model's speedup (costmodel/cost_model.py), made before the run from the machine's
                profile and the drafter's acceptance on the calibration prompts; error = predicted / speedup - 1
 
 At batch size B the rows of a batch share each step's wall time evenly, so tokens/s is the batch's

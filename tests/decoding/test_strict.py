@@ -267,7 +267,7 @@ IRREGULAR_TABLES = {
 @pytest.mark.parametrize("table", IRREGULAR_TABLES)
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.3, 0, 0.8)])
 def test_strict_is_exact_on_trees_auto_tree_builds_from_irregular_tables(table, temperature, top_k, top_p):
-    from draftheads.evaluation.auto_tree import auto_tree
+    from draftheads.costmodel.auto_tree import auto_tree
 
     tree = auto_tree(*IRREGULAR_TABLES[table])
     assert tree.paths != tree.compacted().paths       # a gap in some sibling ranks

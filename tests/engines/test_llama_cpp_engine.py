@@ -114,10 +114,10 @@ def test_the_retrain_rule_fires_on_an_updated_target_in_llama_server_and_not_on_
 
     from draftheads.core.targets import embedded_checkpoint, embedded_gguf
     from draftheads.data.chat import first_messages, render_ids
-    from draftheads.evaluation.acceptance_monitor import RetrainRule, serve_monitored
+    from draftheads.drift.acceptance_monitor import RetrainRule, serve_monitored
+    from draftheads.drift.target_update import UpdateConfig, update_target
     from draftheads.interop.export import export_drafter
     from draftheads.interop.gguf_targets import convert_to_gguf, requantize_gguf
-    from draftheads.training.target_update import UpdateConfig, update_target
 
     _, _, run = trained
     drafter = export_drafter(run, "llama.cpp", tmp_path / "drafter") / "drafter.gguf"

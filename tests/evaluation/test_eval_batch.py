@@ -8,17 +8,17 @@ import json
 
 import pytest
 
-import draftheads.evaluation.measure as measure_module
+import draftheads.measurement.measure as measure_module
 from draftheads.core.config import build
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import Tree
-from draftheads.evaluation.conversations import Conversation
-from draftheads.evaluation.entries import Entry
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
-from draftheads.evaluation.measure import RunConfig, generate_conversations, measure
 from draftheads.evaluation.report import format_batch_table
 from draftheads.evaluation.summary import batch_curve
+from draftheads.measurement.conversations import Conversation
+from draftheads.measurement.entries import Entry
+from draftheads.measurement.measure import RunConfig, generate_conversations, measure
 from tests.decoding.stubs import RandomDrafter
 from tests.evaluation.test_evaluate import PROMPTS, eagle_run, fixture, md_table, settings  # noqa: F401 (fixture)
 

@@ -13,7 +13,7 @@ import torch
 
 import draftheads.decoding.decoder as decoder_module  # the loop that calls the rule
 import draftheads.decoding.generate as generate_module
-import draftheads.evaluation.measure as measure_module
+import draftheads.measurement.measure as measure_module
 from draftheads.core.config import build
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import AutoTreeSpec, Tree
@@ -21,14 +21,14 @@ from draftheads.decoding.accept import Acceptance
 from draftheads.decoding.combined import CombinedDrafter, graft
 from draftheads.decoding.generate import speculative_generate
 from draftheads.decoding.stats import GenerationStats
-from draftheads.evaluation.conversations import Conversation, EvalSettings
-from draftheads.evaluation.entries import Entry
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
-from draftheads.evaluation.measure import RunConfig, generate_conversations, measure, plan_configs, reply_logprob
 from draftheads.evaluation.report import TABLE_COLUMNS
 from draftheads.evaluation.results import build_rows
 from draftheads.evaluation.summary import chain_speedup, estimate_alpha, summarise
+from draftheads.measurement.conversations import Conversation, EvalSettings
+from draftheads.measurement.entries import Entry
+from draftheads.measurement.measure import RunConfig, generate_conversations, measure, plan_configs, reply_logprob
 from tests.decoding.stubs import OracleDrafter, RandomDrafter
 from tests.fixtures import make_target, make_tokenizer
 from tests.margins import at_least
@@ -199,7 +199,7 @@ def test_switch_keeps_greedy_output_and_drafts_lookup_alone_in_a_loop():
 
 
 def test_combination_modes_and_their_spec_suffixes():
-    from draftheads.evaluation.drafter_specs import split_spec
+    from draftheads.measurement.drafter_specs import split_spec
 
     assert (split_spec("runs/x+lookup-switch") == ("runs/x", "lookup", "switch")
             and split_spec("runs/x+lookup") == ("runs/x", "lookup", "graft"))
@@ -378,8 +378,8 @@ def test_run_eval_predicts_every_row_before_running_it_and_fits_trees_for_speed(
     real = measure_module.generate_conversations
     monkeypatch.setattr(measure_module, "generate_conversations", lambda m, t, convs, *a, **kw:
                         order.append([c.prompt_id for c in convs]) or real(m, t, convs, *a, **kw))
-    import draftheads.evaluation.calibration as calibration_module
-    import draftheads.evaluation.forecast as forecast_module
+    import draftheads.costmodel.calibration as calibration_module
+    import draftheads.costmodel.forecast as forecast_module
 
     for module in (calibration_module, forecast_module):   # the calibration runs, made where they are fitted
         monkeypatch.setattr(module, "generate_conversations", measure_module.generate_conversations)
@@ -421,7 +421,7 @@ def test_suffix_decoding_alone_and_gated_beside_a_learned_drafter(eagle_run, tmp
 def test_each_run_of_suffix_decoding_starts_from_an_empty_output_cache():
     """A prompt answered again drafts its whole earlier answer from the cache, but only within one run: a run
     given no cache starts empty, so no measurement sees outputs of the same prompts from another."""
-    from draftheads.evaluation.entries import suffix_entry
+    from draftheads.measurement.entries import suffix_entry
 
     model, tokenizer = fixture()
     entry, cfg, conv = suffix_entry(None), RunConfig("greedy", 0.0), conversations(1)
@@ -532,8 +532,8 @@ def test_run_eval_rejects_bad_settings(eagle_run, tmp_path):
 def test_auto_tree_fitted_from_measured_accuracies():
     """An oracle's rank-0 draft is always right: the best tree of 4 nodes is the chain of 4. A random drafter
     never matches: the fit falls back to chain:1 and says so."""
-    from draftheads.evaluation.calibration import fit_auto_trees
-    from draftheads.evaluation.entries import combined_entry
+    from draftheads.costmodel.calibration import fit_auto_trees
+    from draftheads.measurement.entries import combined_entry
 
     model, tokenizer = fixture()
     first = tokenizer("<|im_start|>")["input_ids"][0]
@@ -549,7 +549,7 @@ def test_auto_tree_fitted_from_measured_accuracies():
 
 
 def test_calibration_takes_as_many_prompts_as_asked_past_the_evaluated_ones(tmp_path):
-    from draftheads.evaluation.conversations import EvalSettings, load_conversations
+    from draftheads.measurement.conversations import EvalSettings, load_conversations
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"Write function number {i}."}) + "\n" for i in range(8)))

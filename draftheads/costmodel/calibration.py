@@ -1,6 +1,6 @@
 """What an evaluation fits on the calibration prompts before its measured runs: a static tree for each learned
 drafter (`--tree auto`), the costs a gated combination weighs (decoding/gate.py), and each drafter's cost profile
-on this machine (evaluation/profile.py)."""
+on this machine (costmodel/profile.py)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,14 @@ import torch
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import AutoTreeSpec, Tree
+from draftheads.costmodel.auto_tree import auto_tree, expected_accepted
+from draftheads.costmodel.cost_model import fastest_tree
+from draftheads.costmodel.profile import drafter_profile, folder_fingerprint
 from draftheads.decoding.gate import GateCosts, LearnedGate, gate_costs, measured_costs
 from draftheads.decoding.stats import GenerationStats
-from draftheads.evaluation.auto_tree import auto_tree, expected_accepted
-from draftheads.evaluation.conversations import EvalSettings, first_chat
-from draftheads.evaluation.cost_model import fastest_tree
-from draftheads.evaluation.entries import Entry, copier_entry, learned_source
-from draftheads.evaluation.measure import RunConfig, generate_conversations
-from draftheads.evaluation.profile import drafter_profile, folder_fingerprint
-from draftheads.evaluation.report import describe_tree
+from draftheads.measurement.conversations import EvalSettings, first_chat
+from draftheads.measurement.entries import Entry, copier_entry, describe_tree, learned_source
+from draftheads.measurement.measure import RunConfig, generate_conversations
 
 # The comb tree that measures acceptance by depth and rank: COMB_WIDTH candidates at each of COMB_DEPTH depths.
 COMB_WIDTH, COMB_DEPTH = 8, 6

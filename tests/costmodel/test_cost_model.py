@@ -1,4 +1,4 @@
-"""The cost profile (evaluation/profile.py) and the predictions made from it (evaluation/cost_model.py)."""
+"""The cost profile (costmodel/profile.py) and the predictions made from it (costmodel/cost_model.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,11 @@ import json
 import pytest
 import torch
 
-import draftheads.evaluation.profile as profile_module
+import draftheads.costmodel.profile as profile_module
 from draftheads.core.tree import Tree
-from draftheads.decoding.generate import speculative_generate
-from draftheads.decoding.settings import decode_settings
-from draftheads.evaluation.auto_tree import expected_accepted
-from draftheads.evaluation.cost_model import StepShape, fastest_tree, predict
-from draftheads.evaluation.profile import (
+from draftheads.costmodel.auto_tree import expected_accepted
+from draftheads.costmodel.cost_model import StepShape, fastest_tree, predict
+from draftheads.costmodel.profile import (
     DrafterProfile,
     TargetProfile,
     drafter_profile,
@@ -22,6 +20,8 @@ from draftheads.evaluation.profile import (
     rule_setting,
     target_profile,
 )
+from draftheads.decoding.generate import speculative_generate
+from draftheads.decoding.settings import decode_settings
 from tests.decoding.stubs import RandomDrafter
 from tests.fixtures import make_target, make_tokenizer
 
@@ -134,7 +134,7 @@ def test_a_profile_row_is_made_monotone_in_the_tokens():
 
 
 def forecast(**kw):
-    from draftheads.evaluation.forecast import Forecast
+    from draftheads.costmodel.forecast import Forecast
 
     base = dict(profile=synthetic(0.001), setting="greedy", plain_setting="greedy", draft_steps=0.1, observe_steps=0.0,
                 lengths=[100] * 4, new_tokens=64, calibrated=StepShape(2.0, 5, 4), source="calibration")
@@ -175,7 +175,7 @@ def test_the_range_widens_with_the_calibration_spread_and_the_cost_error():
 
 def batch_profile_of(cost) -> "BatchProfile":
     """A batch profile whose forward of b rows x n tokens takes cost(b, n)."""
-    from draftheads.evaluation.batch_profile import BatchProfile
+    from draftheads.costmodel.batch_profile import BatchProfile
 
     batches, queries = [1, 2, 4, 8, 16], [1, 2, 4, 8, 16, 32]
     return BatchProfile({}, batches, queries, [[cost(b, n) for n in queries] for b in batches])

@@ -1,14 +1,15 @@
-"""Drift: the target shift measured on rows, the drop predicted from it by hand, and `run_drift` end to end on tiny
-targets."""
+"""Drift: the target shift measured on rows, the drop predicted from it by hand, `run_drift` end to end on tiny
+targets, and a damaged old report refused in one line."""
 
 import json
 
 import pytest
 import torch
 
-from draftheads.evaluation.drift import predicted_tau, run_drift
+from draftheads.core.errors import DraftheadsError
+from draftheads.drift.drift import check_same_settings, predicted_tau, run_drift
+from draftheads.drift.target_shift import target_shift
 from draftheads.evaluation.eval_config import EvalConfig
-from draftheads.evaluation.target_shift import target_shift
 from tests.fixtures import make_target, make_tokenizer
 from tests.margins import at_least, at_most
 from tests.training.train_helpers import make_dataset
@@ -92,10 +93,17 @@ def test_run_drift_measures_both_targets_and_predicts(pair, tmp_path):
 
 def test_drift_without_data_names_the_fix(pair, tmp_path):
     from draftheads.api import build_drafter
-    from draftheads.core.errors import DraftheadsError
     from draftheads.interop.native import save_drafter
 
     old, new, tokenizer = pair
     save_drafter(build_drafter("eagle", old), tmp_path / "run" / "final" / "drafter", old)
     with pytest.raises(DraftheadsError, match="give --data FOLDER"):
         run_drift(str(tmp_path / "run"), "x", EvalConfig(), targets=((old, tokenizer), (new, tokenizer)))
+
+
+@pytest.mark.parametrize("text", ['{"settings": {"prompts": "hum', '{"settings": [], "results": []}',
+                                  '{"results": []}'])
+def test_a_damaged_old_report_is_one_line(tmp_path, text):
+    (tmp_path / "report.json").write_text(text)
+    with pytest.raises(DraftheadsError, match=f"eval report {tmp_path / 'report.json'} is damaged .*--old-report"):
+        check_same_settings(tmp_path, EvalConfig())

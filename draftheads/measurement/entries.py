@@ -1,4 +1,4 @@
-"""The drafters under test (`Entry`), built from drafter specs (evaluation/drafter_specs.py): the prompt-lookup
+"""The drafters under test (`Entry`), built from drafter specs (measurement/drafter_specs.py): the prompt-lookup
 baseline first, suffix decoding when asked for, then each learned drafter and its combinations with either."""
 
 from __future__ import annotations
@@ -9,18 +9,27 @@ from pathlib import Path
 
 from draftheads.core.config import to_dict
 from draftheads.core.errors import DraftheadsError
-from draftheads.core.run_folder import BEST, DRAFTER, FINAL, STEP_RE
+from draftheads.core.run_folder import BEST, DRAFTER, FINAL, STEP_RE, run_recipe
 from draftheads.core.tree import DynamicTreeSpec, Tree
 from draftheads.decoding.combined import CombinedDrafter
 from draftheads.decoding.lookup import PromptLookupDrafter
 from draftheads.decoding.suffix import OutputCache, SuffixDrafter
-from draftheads.evaluation.drafter_specs import SUFFIX_NAMES, combination_name, model_free, split_spec
-from draftheads.evaluation.report import describe_tree
-from draftheads.evaluation.saved_runs import run_recipe
 from draftheads.interop.load import load_drafter
 from draftheads.interop.native import resolve_drafter_folder
+from draftheads.measurement.drafter_specs import SUFFIX_NAMES, combination_name, model_free, split_spec
 
 LOOKUP_DEPTH = 6   # the prompt-lookup chain a combination grafts onto the learned tree
+
+
+def describe_tree(tree) -> str:
+    """A short label: chain:K, dynamic:K,D,T or static(N nodes, depth D)."""
+    if isinstance(tree, DynamicTreeSpec):
+        return f"dynamic:{tree.top_k},{tree.depth},{tree.total_tokens}"
+    if isinstance(tree, Tree):
+        if tree.is_chain:
+            return f"chain:{tree.depth}"
+        return f"static({tree.num_nodes - 1} nodes, depth {tree.depth})"
+    return str(tree)
 
 
 @dataclass
@@ -121,7 +130,7 @@ def learned_entry(path: str, model, tree, taken: list[str]) -> Entry:
 
 def combined_entry(learned: Entry, name: str, mode: str = "graft", copier: str = "lookup") -> Entry:
     """The combination of `learned` with prompt lookup or suffix decoding (`copier`) in `mode`; a gate is given its
-    costs once the tree and the machine's profile are known (evaluation/calibration.py: price_gates)."""
+    costs once the tree and the machine's profile are known (costmodel/calibration.py: price_gates)."""
     suffix = SuffixDrafter() if copier == "suffix" else None
     drafter = CombinedDrafter(learned.drafter, suffix or PromptLookupDrafter(), lookup_depth=LOOKUP_DEPTH,
                               switch=mode == "switch")

@@ -21,8 +21,8 @@ from draftheads.data.chat import add_reply
 from draftheads.decoding.generate import speculative_generate
 from draftheads.decoding.stats import GenerationStats
 from draftheads.decoding.suffix import OutputCache
-from draftheads.evaluation.conversations import Conversation, EvalSettings, first_chat
-from draftheads.evaluation.entries import Entry
+from draftheads.measurement.conversations import Conversation, EvalSettings, first_chat
+from draftheads.measurement.entries import Entry
 
 
 @dataclass(frozen=True)

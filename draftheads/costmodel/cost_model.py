@@ -8,11 +8,11 @@ acceptance, measured on other prompts) and a step of n verified nodes and depth 
     speedup plain / spec, summed over the prompts
 
 At batch size b every row is a prompt like these, decoded together: a forward of b rows costs a one-row forward
-times factor(b, n) (evaluation/batch_profile.py), while prefill, observing, drafting and the rule run row by row
+times factor(b, n) (costmodel/batch_profile.py), while prefill, observing, drafting and the rule run row by row
 (b times theirs). On a CPU factor(b, n) grows about as b * forward(n) / forward(1), so the verify's extra nodes,
 almost free for one row, cost as much as they would as separate forwards and speculation stops paying.
 
-forward, rule and draft come from evaluation/profile.py (measured on this machine, cached). Nothing in it is
+forward, rule and draft come from costmodel/profile.py (measured on this machine, cached). Nothing in it is
 read from the timings of the run it predicts.
 """
 
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import Tree
-from draftheads.evaluation.auto_tree import auto_tree, expected_accepted
-from draftheads.evaluation.batch_profile import BatchProfile
-from draftheads.evaluation.profile import DrafterProfile, TargetProfile
+from draftheads.costmodel.auto_tree import auto_tree, expected_accepted
+from draftheads.costmodel.batch_profile import BatchProfile
+from draftheads.costmodel.profile import DrafterProfile, TargetProfile
 
 
 @dataclass

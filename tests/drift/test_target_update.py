@@ -8,7 +8,7 @@ import torch
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.data.target import load_target
-from draftheads.training.target_update import MARKER, UpdateConfig, answer_batch, update_target
+from draftheads.drift.target_update import MARKER, UpdateConfig, answer_batch, update_target
 from tests.fixtures import make_target
 from tests.margins import at_most
 from tests.training.train_helpers import make_dataset

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.state_files import read_json
-from draftheads.evaluation.cost_model import StepShape
+from draftheads.costmodel.cost_model import StepShape
 
 
 @dataclass

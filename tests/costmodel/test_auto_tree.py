@@ -9,8 +9,8 @@ import pytest
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import Tree
+from draftheads.costmodel.auto_tree import auto_tree, expected_accepted, from_topk, path_value
 from draftheads.decoding.generate import speculative_generate
-from draftheads.evaluation.auto_tree import auto_tree, expected_accepted, from_topk, path_value
 from tests.decoding.stubs import OracleDrafter
 from tests.decoding.test_greedy import prompt_ids, target
 from tests.margins import at_least

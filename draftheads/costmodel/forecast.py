@@ -1,6 +1,6 @@
 """The speedup each drafter x rule is predicted to reach, made before the evaluated prompts run, with a range: tau,
 nodes and draft time per step measured on the calibration prompts (or tau and nodes from an earlier evaluation of
-the same drafter, tree and rule), verify and rule costs from the machine's profile (evaluation/cost_model.py); and
+the same drafter, tree and rule), verify and rule costs from the machine's profile (costmodel/cost_model.py); and
 the report's columns that set the prediction beside what was measured.
 
 Where the prompts have task kinds, each kind is predicted from the calibration prompts of its own kind (those it
@@ -22,13 +22,13 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from draftheads.costmodel.cost_model import StepShape, predict
+from draftheads.costmodel.earlier_report import EarlierReport
+from draftheads.costmodel.profile import rule_setting
 from draftheads.decoding.stats import GenerationStats
-from draftheads.evaluation.conversations import EvalSettings
-from draftheads.evaluation.cost_model import StepShape, predict
-from draftheads.evaluation.earlier_report import EarlierReport
-from draftheads.evaluation.entries import Entry
-from draftheads.evaluation.measure import RunConfig, generate_conversations
-from draftheads.evaluation.profile import rule_setting
+from draftheads.measurement.conversations import EvalSettings
+from draftheads.measurement.entries import Entry
+from draftheads.measurement.measure import RunConfig, generate_conversations
 
 UNIT_TOKENS = 32   # plain decode steps timed right before each drafter's calibration runs: the unit of its costs
 # Student's t at 97.5% (a two-sided 95% range) by degrees of freedom; past the table, the normal 1.96
@@ -59,7 +59,7 @@ class Forecast:
     by_kind: dict[str, StepShape] = field(default_factory=dict)       # the calibration prompts' acceptance per kind
     prompt_shapes: list[StepShape] = field(default_factory=list)      # each calibration prompt's own acceptance
     cost_error: float = 0.0  # the cost model's relative error on the calibration prompts' own steps
-    batch: object = None     # the target's BatchProfile (evaluation/batch_profile.py): predictions at batch size > 1
+    batch: object = None     # the target's BatchProfile (costmodel/batch_profile.py): predictions at batch size > 1
 
     def speedup(self, shape: StepShape, lengths: list[int] | None = None, rows: int = 1) -> dict:
         return predict(self.profile, None, shape, self.lengths if lengths is None else lengths, self.new_tokens,

@@ -6,7 +6,7 @@ every answer position their next-token distributions are compared.
     shift.kl          # mean KL(old || new) in nats
 
 A drafter was trained to predict the old target's tokens; where the new target's top-1 differs, a draft the old
-target would have accepted is rejected. So `agreement` is the number that predicts the drop (evaluation/drift.py):
+target would have accepted is rejected. So `agreement` is the number that predicts the drop (drift/drift.py):
 each accepted depth survives with about that probability. KL says how much the distributions moved beyond their
 top-1; `new_accuracy` is the new target's top-1 agreement with the tokens of the rows themselves (the old target's
 own outputs, so `old_accuracy` is 1 up to the dtype's rounding).

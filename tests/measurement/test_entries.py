@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from draftheads.evaluation.entries import drafter_name
+from draftheads.measurement.entries import drafter_name
 
 
 def test_a_run_s_drafters_are_named_by_the_run(tmp_path):

@@ -9,10 +9,10 @@ import collections
 from dataclasses import dataclass
 
 from draftheads.core.errors import DraftheadsError
+from draftheads.core.target_dims import context_limit
 from draftheads.data.chat import Chat, start_chat, stop_token_ids
 from draftheads.data.prompt_source import PromptSource
 from draftheads.data.prompts import load_source
-from draftheads.evaluation.profile import context_limit
 
 
 @dataclass

@@ -29,15 +29,16 @@ from pathlib import Path
 import torch
 
 from draftheads.core.state_files import DamagedFile, read_json
+from draftheads.core.target_dims import context_limit
 from draftheads.core.targets import cache_dir
 from draftheads.core.tree import Tree
 from draftheads.core.version import __version__
+from draftheads.data.hardware import environment
 from draftheads.decoding.accept import accept
 from draftheads.decoding.decoder import clock
 from draftheads.decoding.generate import speculative_generate
 from draftheads.decoding.settings import decode_settings
 from draftheads.decoding.verify import compact_cache, new_cache, prefill, verify
-from draftheads.evaluation.report import environment
 
 PROFILE_VERSION = 4
 CONTEXTS = (0, 128, 512, 1024, 2048)
@@ -182,6 +183,22 @@ def load(path: Path) -> dict | None:
         return None
 
 
+def cached_profile(kind: str, model, measure, timing: str, timed: str, refresh: bool = False,
+                   progress=print) -> tuple[dict, Path]:
+    """(the saved fields, the file) of this target's `kind` profile on this machine: read back, or, when absent,
+    damaged or `refresh`, the fields `measure()` returns timed now and saved with the key and the time."""
+    key = target_key(model)
+    path = profile_path(kind, key)
+    saved = None if refresh else load(path)
+    if saved is None:
+        progress(f"draftheads profile: timing the target's {timing} (once per target, dtype and machine)")
+        started = time.time()
+        saved = {"key": key, **measure(), "created": time.strftime("%Y-%m-%d %H:%M:%S")}
+        save(path, saved)
+        progress(f"draftheads profile: {timed} timed in {time.time() - started:.0f} s; cached in {path}")
+    return saved, path
+
+
 def _times(run, device, repeats: int) -> list[float]:
     times = []
     for _ in range(repeats):
@@ -204,12 +221,6 @@ def _median_time(run, device, repeats: int) -> float:
 def star(n: int) -> Tree:
     """A tree of n nodes: the root and n - 1 children (its mask and positions are as cheap as any)."""
     return Tree.from_paths([(r,) for r in range(n - 1)])
-
-
-def context_limit(model) -> int:
-    """The target's context length in tokens (unbounded when its config names none)."""
-    text = model.config.get_text_config(decoder=True)
-    return int(getattr(text, "max_position_embeddings", None) or 1 << 20)
 
 
 @torch.no_grad()
@@ -297,22 +308,16 @@ def measure_rule(model, setting: str, rule: str, temperature: float, top_k: int,
 def target_profile(model, *, refresh: bool = False, rules: list[tuple] = (), progress=print) -> TargetProfile:
     """The cached profile of this target on this machine (measured now if absent or `refresh`), with the cost of
     every (rule, temperature, top_k, top_p) in `rules` measured if it is not there yet."""
-    key = target_key(model)
-    path = profile_path("target", key)
-    saved = None if refresh else load(path)
-    if saved is None:
-        progress("draftheads profile: timing the target's forwards (once per target, dtype and machine)")
-        started = time.time()
-        saved = {"key": key, "contexts": list(CONTEXTS), "queries": list(QUERIES), "rule_s": {},
-                 "forward_s": measure_forwards(model), "created": time.strftime("%Y-%m-%d %H:%M:%S")}
-        progress(f"draftheads profile: target timed in {time.time() - started:.0f} s; cached in {path}")
+    saved, path = cached_profile("target", model, lambda: {"contexts": list(CONTEXTS), "queries": list(QUERIES),
+                                                           "rule_s": {}, "forward_s": measure_forwards(model)},
+                                 "forwards", "target", refresh, progress)
     changed = False
     for rule, temperature, top_k, top_p in [("greedy", 0.0, 0, 1.0), *rules]:
         setting = rule_setting(rule, temperature, top_k, top_p)
         if setting not in saved["rule_s"]:
             saved["rule_s"][setting] = measure_rule(model, setting, rule, temperature, top_k, top_p)
             changed = True
-    if changed or not path.exists():
+    if changed:
         save(path, saved)
     return TargetProfile(**saved)
 

@@ -1,5 +1,5 @@
 """What a batch of rows costs a verify forward on this machine, beside one row: the factor the cost model scales a
-one-row forward by (evaluation/cost_model.py) to predict speedup at batch size > 1.
+one-row forward by (costmodel/cost_model.py) to predict speedup at batch size > 1.
 
 A verify of b rows of n tokens each on b caches of BATCH_CONTEXT tokens is timed on a grid b x n; factor(b, n) =
 time(b, n) / time(1, n), read between grid points by linear interpolation in b and n. The factor carries the
@@ -8,28 +8,18 @@ grows with its rows far more than with their length at the contexts we evaluate.
 little more than one (the factor stays near 1 and speculation keeps paying); on a CPU it costs about 16 times one,
 and verifying a tree on every row soon costs more than it saves.
 
-Cached as JSON beside the target profile (evaluation/profile.py), under the same key.
+Cached as JSON beside the target profile (costmodel/profile.py), under the same key.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 
+from draftheads.core.target_dims import context_limit
+from draftheads.costmodel.profile import cached_profile, fastest_time, forward_step, interpolate, monotone
 from draftheads.decoding.verify import new_cache, prefill
-from draftheads.evaluation.profile import (
-    context_limit,
-    fastest_time,
-    forward_step,
-    interpolate,
-    load,
-    monotone,
-    profile_path,
-    save,
-    target_key,
-)
 
 BATCHES = (1, 2, 4, 8, 16)
 BATCH_QUERIES = (1, 2, 4, 8, 16, 32)
@@ -80,14 +70,7 @@ def measure_batch_forwards(model, batches=BATCHES, queries=BATCH_QUERIES, repeat
 
 def batch_profile(model, *, refresh: bool = False, progress=print) -> BatchProfile:
     """The cached batch profile of this target on this machine (measured now if absent or `refresh`)."""
-    key = target_key(model)
-    path = profile_path("batch", key)
-    saved = None if refresh else load(path)
-    if saved is None:
-        progress("draftheads profile: timing the target's forwards by batch size (once per target, dtype and machine)")
-        started = time.time()
-        saved = {"key": key, "batches": list(BATCHES), "queries": list(BATCH_QUERIES),
-                 "forward_s": measure_batch_forwards(model), "created": time.strftime("%Y-%m-%d %H:%M:%S")}
-        save(path, saved)
-        progress(f"draftheads profile: batches timed in {time.time() - started:.0f} s; cached in {path}")
+    saved, _ = cached_profile("batch", model, lambda: {"batches": list(BATCHES), "queries": list(BATCH_QUERIES),
+                                                       "forward_s": measure_batch_forwards(model)},
+                              "forwards by batch size", "batches", refresh, progress)
     return BatchProfile(**saved)

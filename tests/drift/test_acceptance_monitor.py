@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from draftheads.core.errors import DraftheadsError
-from draftheads.evaluation.acceptance_monitor import (
+from draftheads.drift.acceptance_monitor import (
     AcceptanceMonitor,
     BadPoll,
     MonitorConfig,

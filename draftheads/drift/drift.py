@@ -3,7 +3,7 @@
     folder = run_drift("runs/eagle3-smollm2", "targets/full-40", EvalConfig(limit=10))
 
 Three things, in one report folder:
-1. How far the target moved (evaluation/target_shift.py): top-1 agreement and KL between the old and the new target
+1. How far the target moved (drift/target_shift.py): top-1 agreement and KL between the old and the new target
    on the drafter's own training rows (the data folder its run recipe names, or --data), before any decoding.
 2. The drop predicted from that alone: a draft accepted at depth k by the old target passed k positions where the old
    target's top-1 was the draft; each of those survives on the new target with probability about `agreement`, so
@@ -24,17 +24,18 @@ from pathlib import Path
 
 from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
+from draftheads.core.run_folder import run_recipe
 from draftheads.core.state_files import read_json
 from draftheads.data.datastore import check_finished, load_rows
-from draftheads.evaluation.drafter_specs import learned_paths, model_free
+from draftheads.drift.target_shift import target_shift
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
 from draftheads.evaluation.plots import plot_drift
 from draftheads.evaluation.report import now, write_report
 from draftheads.evaluation.report_folder import check_report_folder, report_folder
-from draftheads.evaluation.saved_runs import load_eval_target, run_recipe, saved_target_name
-from draftheads.evaluation.target_shift import target_shift
+from draftheads.evaluation.saved_runs import load_eval_target, saved_target_name
 from draftheads.interop.native import resolve_drafter_folder
+from draftheads.measurement.drafter_specs import learned_paths, model_free
 
 SHIFT_ROWS = 64
 
