@@ -221,6 +221,27 @@ def eagle3_fields(s, aux_ids: list[int]) -> dict:
             "norm_before_residual": False, "eagle_aux_hidden_state_layer_ids": aux_ids}
 
 
+# SGLang's eagle_config ids name the target layers whose OUTPUT is read: the target class adds 1 (it captures the
+# input of layer id). Its DeepSeek-V2/V3 class adds 1 only when the first id is 1 and takes any other list as layer
+# inputs (python/sglang/srt/models/deepseek_v2.py, set_eagle3_layers_to_capture, SGLang 0.5.23).
+SGLANG_INPUT_IDS_UNLESS_ONE = ("deepseek_v2", "deepseek_v3")
+
+
+def sglang_aux_ids(layers: list[int], model_type: str | None) -> list[int] | None:
+    """eagle_config's ids for a drafter reading the outputs of target `layers` (None: SGLang cannot be told them)."""
+    if model_type not in SGLANG_INPUT_IDS_UNLESS_ONE or layers[0] == 1:
+        return list(layers)
+    # as layer inputs: layer l's output is the input of layer l + 1; a list starting at layer 0 would read as 1
+    return None if layers[0] == 0 else [layer + 1 for layer in layers]
+
+
+def sglang_layers(ids: list[int], model_type: str | None) -> list[int]:
+    """The target layers whose outputs SGLang reads for eagle_config's `ids` (the inverse of sglang_aux_ids)."""
+    if model_type not in SGLANG_INPUT_IDS_UNLESS_ONE or ids[0] == 1:
+        return list(ids)
+    return [i - 1 for i in ids]
+
+
 # ---- reading EAGLE-3 folders (vLLM, SGLang, speculators) -------------------------------------------
 
 def read_eagle3(config: dict, tensors: dict, target) -> tuple[dict, dict]:
@@ -230,7 +251,8 @@ def read_eagle3(config: dict, tensors: dict, target) -> tuple[dict, dict]:
     state = eagle3_from_engine(tensors)
     num_layers = target_dims(target.config).num_layers
     if "eagle_config" in config and "eagle_aux_hidden_state_layer_ids" in config["eagle_config"]:
-        layers = list(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])  # SGLang: layer outputs
+        layers = sglang_layers(list(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
+                               getattr(target.config, "model_type", None))   # SGLang: layer outputs, mostly
     elif config.get("eagle_aux_hidden_state_layer_ids"):
         layers = [i - 1 for i in config["eagle_aux_hidden_state_layer_ids"]]  # vLLM / speculators: hidden_states index
     else:

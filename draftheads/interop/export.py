@@ -194,6 +194,10 @@ def refusal(saved: SavedDrafter, fmt: str) -> str | None:
                     "engine loads")
         return (f"{layout.engine} has no {kind} layer for a {family or 'unknown'} target (it supports "
                 f"{', '.join(layout.families)})")
+    if layout.targets and saved.family not in layout.targets:
+        # the engine fails at start-up: its model class for this target hands out no hidden states at chosen layers
+        return (f"{layout.engine} reads the target's hidden states at chosen layers, which its model class for a "
+                f"{saved.family or 'unknown'} target does not give (it gives them for {', '.join(layout.targets)})")
     reason = ENGINES[fmt].refusal(saved)  # what this engine's loader cannot hold
     if reason is None and kind not in ENGINES[fmt].WRITERS:
         return f"writing {kind} heads for {layout.engine} is not implemented"

@@ -3,10 +3,13 @@
 Each engine module (vllm.py, sglang.py, tgi.py, speculators.py, deepseek_mtp.py) lists its
 `LAYOUTS`: read from the loaders' source (not copied), late 2026, each naming the files and
 commits it was read from (`read_from`) and the ways that loader fails *silently* (`traps`), which
-the module's writer must avoid. Shapes use symbols: H hidden size, V target vocabulary, Vd draft
-vocabulary, I MLP width, Q = heads * head_dim, KV = kv_heads * head_dim, D = head_dim; "2H" = 2 * H.
-Key patterns use {h} (Medusa head), {l} (layer inside a head), {k} (MTP module, counted from the
-target's last layer). A tensor with `when` is present only if that feature is on (see `FEATURES`).
+the module's writer must avoid. A drafter that reads the target's hidden states at chosen layers
+(EAGLE-3, P-EAGLE, DFlash) is served only where the engine's model class for the target hands them
+out: such layouts list those target model_types (`targets`). Shapes use symbols: H hidden size,
+V target vocabulary, Vd draft vocabulary, I MLP width, Q = heads * head_dim, KV = kv_heads *
+head_dim, D = head_dim; "2H" = 2 * H. Key patterns use {h} (Medusa head), {l} (layer inside a
+head), {k} (MTP module, counted from the target's last layer). A tensor with `when` is present
+only if that feature is on (see `FEATURES`).
 """
 
 from __future__ import annotations
@@ -56,4 +59,6 @@ class Layout:
     tensors: tuple[Tensor, ...]
     read_from: tuple[LoaderFile, ...]
     families: tuple[str, ...] = ()  # target model_types the layer can express; () = any
+    # target model_types whose engine model class hands out the hidden states the drafter reads; () = any
+    targets: tuple[str, ...] = ()
     traps: tuple[str, ...] = field(default=())

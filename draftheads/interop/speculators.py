@@ -48,6 +48,8 @@ LAYOUTS = (
             "vLLM's speculators path defaults norm_before_residual to TRUE when the key is absent (speculators: false)",
             "only transformer_layer_config.model_type llama or qwen3 has an EAGLE-3 first-layer class",
             "speculators 0.9.0 has no EAGLE-1 model type",
+            "the verifier is recorded (name_or_path, architectures: 'used to validate ... if needed') and never "
+            "checked: any target; vLLM serving the folder needs its target class to give hidden states (vllm.py)",
         ),
     ),
     Layout(

@@ -5,6 +5,9 @@ same class with parallel_drafting) and DFlash (`DFlashDraftModel`, interop/dflas
 Writers take a SavedDrafter (interop/native.py) and return (tensors, config.json, weights file).
 EAGLE tensor names are the public EAGLE layout's (interop/eagle_layout.py); EAGLE folders of any
 engine are read by interop/load.py.
+
+EAGLE-3, P-EAGLE and DFlash drafters read target layers' outputs, which vLLM asks of the target's own model class
+(the SupportsEagle3 interface): only the targets listed below are served.
 """
 
 from __future__ import annotations
@@ -30,6 +33,44 @@ from draftheads.interop.eagle_layout import (
 )
 from draftheads.interop.layout import VLLM, Layout, LoaderFile, Tensor
 from draftheads.interop.native import SavedDrafter
+
+RELEASE = "PyPI vllm==0.34.0 (62d4bc3c7)"   # the wheel read for the target tables below
+# target model_type -> the class vLLM builds for it (model_executor/models/registry.py, model_impl auto: a native
+# class first, else the Transformers backend), where that class implements SupportsEagle3 (models/interfaces.py). The
+# model runner requires it of the target whenever the drafter reads hidden states (v1/worker/gpu/model_runner.py ->
+# spec_decode/eagle/eagle3_utils.set_eagle3_aux_hidden_state_layers: "Model does not support EAGLE3 interface" at
+# start-up): EAGLE-3 and P-EAGLE (method eagle3) and DFlash (dflash/config.py: uses_aux_hidden_states). Without it:
+# mixtral (mixtral.py), qwen2_moe (qwen2_moe.py), gemma2 (gemma2.py), gemma3_text (gemma3.py Gemma3ForCausalLM),
+# gemma3 (gemma3_mm.py), cohere2 (commandr.py CohereForCausalLM), glm4_moe (glm4_moe.py). Those run on the
+# Transformers backend too with --model-impl transformers (SupportsEagle3): not a default, and not checked here.
+TRANSFORMERS_BACKEND = "transformers/ TransformersForCausalLM (no native class)"
+AUX_TARGETS = {
+    "llama": "llama.py LlamaForCausalLM", "mistral": "mistral.py MistralForCausalLM (a LlamaForCausalLM)",
+    "phi3": "phi3.py Phi3ForCausalLM (a LlamaForCausalLM)", "qwen2": "qwen2.py Qwen2ForCausalLM",
+    "qwen3": "qwen3.py Qwen3ForCausalLM", "qwen3_moe": "qwen3_moe.py Qwen3MoeForCausalLM",
+    "qwen3_next": "qwen3_next.py Qwen3NextForCausalLM",
+    "qwen3_5": "vllm/models/qwen3_5 Qwen3_5ForConditionalGeneration (a Qwen3VLForConditionalGeneration)",
+    "qwen3_5_text": "vllm/models/qwen3_5 Qwen3_5ForCausalLM",
+    "qwen3_5_moe": "vllm/models/qwen3_5 Qwen3_5MoeForConditionalGeneration",
+    "qwen3_5_moe_text": "vllm/models/qwen3_5 Qwen3_5MoeForCausalLM", "gemma": TRANSFORMERS_BACKEND,
+    "gemma4": "gemma4_mm.py Gemma4ForConditionalGeneration", "gemma4_text": "gemma4.py Gemma4ForCausalLM",
+    "granite": "granite.py GraniteForCausalLM", "olmo2": TRANSFORMERS_BACKEND, "smollm3": TRANSFORMERS_BACKEND,
+    "deepseek_v2": "deepseek_v2.py DeepseekV2ForCausalLM", "deepseek_v3": "deepseek_v2.py DeepseekV3ForCausalLM",
+    "gpt_oss": "gpt_oss.py GptOssForCausalLM",
+}
+TARGET_FILES = (
+    LoaderFile(VLLM, "vllm/model_executor/models/interfaces.py (SupportsEagle3)", RELEASE),
+    LoaderFile(VLLM, "vllm/model_executor/models/registry.py", RELEASE),
+    LoaderFile(VLLM, "vllm/model_executor/models/*.py, vllm/models/qwen3_5/ (the target classes' bases)", RELEASE),
+    LoaderFile(VLLM, "vllm/model_executor/models/transformers/base.py (Base: SupportsEagle3)", RELEASE),
+    LoaderFile(VLLM, "vllm/v1/worker/gpu/model_runner.py", RELEASE),
+    LoaderFile(VLLM, "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py", RELEASE),
+)
+# DFlash embeds its block with the target's embedding module as is (spec_decode/eagle/utils.maybe_share_target_embed);
+# these targets' classes apply their embedding scale outside it (gemma4.py: embed_tokens(ids) * normalizer; granite.py:
+# * embedding_multiplier in forward), so the block would enter unscaled where this drafter trained on it scaled
+UNSCALED_SHARED_EMBEDDING = {"gemma4": "sqrt(hidden_size)", "gemma4_text": "sqrt(hidden_size)",
+                             "granite": "embedding_multiplier"}
 
 LAYOUTS = (
     Layout(
@@ -99,11 +140,15 @@ LAYOUTS = (
         },
         tensors=eagle3_tensors("midlayer."),
         families=("llama", "mistral"),
+        targets=tuple(AUX_TARGETS),
         read_from=(
             LoaderFile(VLLM, "vllm/model_executor/models/llama_eagle3.py", "583507d13075783a12ccbd774575974d10ca4959"),
             LoaderFile(VLLM, "vllm/model_executor/models/llama.py", "e06c9ba2a6ea923a84add30f5dafaea126429b81"),
-        ),
+        ) + TARGET_FILES,
         traps=(
+            "a target class without SupportsEagle3: a RuntimeError at start-up",
+            "embed_tokens is the target's module, without Gemma 4's sqrt(H) or Granite's multiplier: harmless here, "
+            "since the layer RMS-normalises the embedding before anything else reads it",
             "q/k/v are built with bias=False: a Qwen2-style layer cannot be expressed",
             "aux ids are taken BEFORE layer id runs (input of layer id = output of layer id-1); default (2, N//2, N-3)",
             "d2t holds offsets: target_id = draft_id + d2t[draft_id]; t2d is skipped",
@@ -123,12 +168,19 @@ LAYOUTS = (
             "(rest)": "the target's attention/MLP/rope/norm fields",
         },
         tensors=dflash_tensors(own_lm_head=True),
+        targets=tuple(AUX_TARGETS),
         read_from=(
             LoaderFile(VLLM, "vllm/model_executor/models/qwen3_dflash.py", "036a00d1f5d00d449d02dce9babdd15a5b4d06c9"),
             LoaderFile(VLLM, "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py",
                        "0cfdd2e15d6991f354c6e22fd7f7e7577afe0424"),
-        ),
+            LoaderFile(VLLM, "vllm/v1/worker/gpu/spec_decode/dflash/config.py", RELEASE),
+            LoaderFile(VLLM, "vllm/v1/worker/gpu/spec_decode/dflash/utils.py", RELEASE),
+            LoaderFile(VLLM, "vllm/v1/worker/gpu/spec_decode/eagle/utils.py (maybe_share_target_embed)", RELEASE),
+        ) + TARGET_FILES,
         traps=(
+            "a target class without SupportsEagle3: a RuntimeError at start-up",
+            "the block is embedded by the target's embed_tokens module: without Gemma 4's sqrt(H) or Granite's "
+            "embedding_multiplier, which those classes apply outside it (such targets are refused)",
             "eagle_aux_hidden_state_layer_ids, when present, wins over dflash_config.target_layer_ids (and is in the "
             "other numbering): it is not written",
             "without target_layer_ids the aux layers fall back to a spread of vLLM's choosing, silently",
@@ -152,11 +204,17 @@ LAYOUTS = (
         },
         tensors=peagle_tensors("midlayer."),
         families=("llama", "mistral"),
+        targets=tuple(AUX_TARGETS),
         read_from=(
             LoaderFile(VLLM, "vllm/model_executor/models/llama_eagle3.py", "00bd1493b3e82d6c13c68ee8a0e1c5a96707e190"),
             LoaderFile(VLLM, "the speculative proposer's parallel-drafting token lookup", "stored file id 71127482224"),
-        ),
+            LoaderFile(VLLM, "vllm/config/speculative.py", RELEASE),
+            LoaderFile(VLLM, "vllm/model_executor/models/llama_eagle3.py", RELEASE),
+        ) + TARGET_FILES,
         traps=(
+            "vLLM 0.34.0 serves no P-EAGLE: parallel_drafting with method eagle3 is a ValueError, and mask_hidden is "
+            "skipped with a warning (the folder drafts as plain EAGLE-3); this layout is llama_eagle3.py 00bd1493's",
+            "a target class without SupportsEagle3: a RuntimeError at start-up",
             "mask_hidden is a non-persistent buffer [1, 3H] (our [1, 1, 3H] is viewed to it); missing with "
             "parallel_drafting on: a ValueError; present with it off: skipped with a warning",
             "parallel drafting is a serving switch, not a config field: the folder alone serves as plain EAGLE-3",
@@ -285,7 +343,12 @@ def write_dflash(s: SavedDrafter):
 
 
 def refusal(saved: SavedDrafter) -> str | None:
-    """vLLM loads every layout listed here for the families each lists."""
+    """vLLM loads every layout listed here for the families and targets each lists, except DFlash on targets whose
+    embedding scale lies outside the embedding module it shares."""
+    scale = UNSCALED_SHARED_EMBEDDING.get(saved.family)
+    if saved.kind == "dflash" and scale:
+        return (f"vLLM's DFlash drafter embeds its block with the {saved.family} target's embedding table alone, "
+                f"without the {scale} the target's model applies and this drafter was trained with")
     return None
 
 

@@ -52,16 +52,20 @@ ALLOWED = {
     "medusa-own-vocab": {f: ("vllm",) for f in FAMILIES},  # vLLM's token_map; TGI's own heads are full-vocabulary
     "eagle": {"llama": ("vllm", "sglang"), "mistral": ("vllm", "sglang"), "qwen2": ("vllm", "sglang"), "qwen3": (),
               "gemma": ()},
-    # a Llama draft layer goes to every EAGLE-3 engine whatever the target; a layer of the target's class only where
-    # the engine has that class
-    "eagle3": {f: ("vllm", "sglang", "speculators", "llama.cpp") for f in FAMILIES},
+    # a Llama draft layer goes to every EAGLE-3 engine whose class for the target gives its hidden states (SGLang's
+    # Gemma 1 class does not; vLLM runs Gemma 1 on its Transformers backend, which does); a layer of the target's
+    # class only where the engine has that class
+    "eagle3": {f: ("vllm",) + (("sglang",) if f != "gemma" else ()) + ("speculators", "llama.cpp") for f in FAMILIES},
     "eagle3-own": {"llama": ("vllm", "sglang", "speculators", "llama.cpp"),
                    "mistral": ("vllm", "sglang", "speculators", "llama.cpp"),
                    "qwen2": (), "qwen3": ("speculators",), "gemma": ()},
-    # the z-lab layout: Qwen3-style layers of the target's sizes, whatever the target; SGLang drafts over the whole
-    # vocabulary (the target lm_head's rows are the weights either way)
-    "dflash": {f: ("vllm", "sglang", "speculators") for f in FAMILIES},
-    "dflash-vocab": {f: ("vllm", "sglang", "speculators") for f in FAMILIES},
+    # the z-lab layout: Qwen3-style layers of the target's sizes, where the engine's class for the target gives its
+    # hidden states (SGLang's Qwen2 and Gemma 1 classes do not); SGLang drafts over the whole vocabulary (the target
+    # lm_head's rows are the weights either way)
+    "dflash": {f: ("vllm", "sglang", "speculators") if f in ("llama", "mistral", "qwen3") else ("vllm", "speculators")
+               for f in FAMILIES},
+    "dflash-vocab": {f: ("vllm", "sglang", "speculators") if f in ("llama", "mistral", "qwen3")
+                     else ("vllm", "speculators") for f in FAMILIES},
     # EAGLE-3's Llama layer with a mask vector: vLLM (parallel_drafting) and speculators; SGLang has no P-EAGLE
     "peagle": {f: ("vllm", "speculators") for f in FAMILIES},
 }
@@ -247,7 +251,8 @@ EXPECTED = {
         {"speculators_model_type": "eagle3", "draft_vocab_size": VD}),
     **{(fmt, "eagle3", family): ("model.safetensors", eagle3_keys("layers.0." if fmt == "speculators" else "midlayer."),
                                  LLAMA_LAYER[fmt])
-       for fmt in LLAMA_LAYER for family in ("qwen2", "qwen3", "mistral", "gemma")},
+       for fmt in LLAMA_LAYER for family in ("qwen2", "qwen3", "mistral", "gemma")
+       if (fmt, family) != ("sglang", "gemma")},
 }
 
 
