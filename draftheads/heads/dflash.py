@@ -2,15 +2,15 @@
 
     context   [h_l1; ...; h_ln] [b, s, nH] -> fc (no bias) -> hidden_norm                  (target features)
     block     emb([x_a, M, ..., M]) [b, B, H] -> L decoder layers reading the context's keys and values
-              (heads/block_layer.py) -> norm -> the target's lm_head
+              (heads/parts/block_layer.py) -> norm -> the target's lm_head
     slot k    predicts x_{a+k}, k = 1..B-1: a whole chain (or a tree's levels) drafted in one forward
 
 There is no embedding or lm_head of its own: the target's, frozen (with a draft vocabulary, the lm_head's rows for
 it). The target layers are numbered by their outputs, as EAGLE-3's (`target_layers: [l]` reads hidden_states[l + 1]),
 which is z-lab's `target_layer_ids`; the mask token M is an existing row of the target's embedding. Training
-(heads/block_training.py): random anchors, every block in one forward under a mask, slot weights
+(heads/parts/block_training.py): random anchors, every block in one forward under a mask, slot weights
 exp(-(k-1)/gamma), cross-entropy on the target's tokens or on its distribution (KD). Drafting:
-heads/block_drafting.py.
+heads/parts/block_drafting.py.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims
 from draftheads.core.target_family import LayerRotary
-from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
-from draftheads.heads.block_drafting import BlockDrafting
-from draftheads.heads.block_layer import BlockLayer, block_layer_config
-from draftheads.heads.block_training import (
+from draftheads.core.tree import parse_tree
+from draftheads.heads.parts.block_drafting import BlockDrafting
+from draftheads.heads.parts.block_layer import BlockLayer, block_layer_config
+from draftheads.heads.parts.block_training import (
     block_inputs,
     block_labels,
     block_loss,
@@ -37,11 +37,11 @@ from draftheads.heads.block_training import (
     default_gamma,
     sample_anchors,
 )
-from draftheads.heads.common import batch_features, bind_frozen, resolve_mask_token
-from draftheads.heads.draft_tree import Sampling
-from draftheads.heads.draft_vocab import check_draft_vocab, vocabulary
-from draftheads.heads.files import WeightsOnly
-from draftheads.heads.layers import bind_parts
+from draftheads.heads.parts.common import batch_features, bind_frozen, resolve_mask_token
+from draftheads.heads.parts.draft_vocab import check_draft_vocab, vocabulary
+from draftheads.heads.parts.files import WeightsOnly
+from draftheads.heads.parts.layers import bind_parts
+from draftheads.heads.parts.protocol import drafting_methods, new_for_target, one_param_group
 
 MAX_BLOCK = 32
 
@@ -139,9 +139,7 @@ class DFlashDrafter(nn.Module):
         bind_frozen(self, _lm_head=None, _embed=None, _rotary=None)
         self.reset()
 
-    @classmethod
-    def from_target(cls, target_config, cfg: DFlashConfig) -> "DFlashDrafter":
-        return cls(cfg, target_config)
+    from_target = classmethod(new_for_target)  # the protocol's one-liners: heads/parts/protocol.py
 
     def bind(self, target) -> "DFlashDrafter":
         """Share the target's frozen embedding, lm_head and rotary embedding (never trained or saved)."""
@@ -209,7 +207,7 @@ class DFlashDrafter(nn.Module):
     # ---- training (core/drafter.py: TrainableDrafter) -------------------------------------------
 
     def training_loss(self, batch: dict) -> tuple[torch.Tensor, dict]:
-        """Every anchored block of the batch in one forward (heads/block_training.py)."""
+        """Every anchored block of the batch in one forward (heads/parts/block_training.py)."""
         features = batch_features(batch, self.dtype)
         block = self.config.block_size
         anchor, valid = sample_anchors(batch, self.config.anchors, self.training)
@@ -225,22 +223,12 @@ class DFlashDrafter(nn.Module):
         final = features[..., -self.hidden_size:] if self.config.loss == "kd" else None
         return block_loss(self, out.view(b, count, block, -1), anchor, labels, counted, final)
 
-    def param_groups(self, lr: float) -> list[dict]:
-        return [{"params": [p for p in self.parameters() if p.requires_grad], "lr": lr}]
+    param_groups = one_param_group
 
     def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
         """Draft among the draft_vocab_size tokens most frequent in token_counts [V] (ties: lower id first)."""
         self.vocab.choose(token_counts)
 
-    # ---- drafting (core/drafter.py: Drafter) ----------------------------------------------------
+    # ---- drafting (core/drafter.py: Drafter), a generation's state in heads/parts/block_drafting.py ------
 
-    def reset(self) -> None:
-        self._drafting = BlockDrafting()
-
-    def observe(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        """Append committed positions: features [b, n, F], the token after each [b, n]."""
-        self._drafting.observe(self, features, next_tokens)
-
-    def propose(self, tree: Tree | DynamicTreeSpec, *, temperature=0.0, top_k=0, top_p=1.0, generator=None):
-        """Draft a static or dynamic tree (chain:K included) from one block forward (one sequence)."""
-        return self._drafting.propose(self, tree, Sampling(temperature, top_k, top_p, generator))
+    reset, observe, propose = drafting_methods(BlockDrafting)

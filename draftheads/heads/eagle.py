@@ -3,8 +3,8 @@ Uncertainty", and "EAGLE-2: Faster Inference of Language Models with Dynamic Dra
 
 [emb(x_{t+1}); f_t] [b, s, 2H] -> fc -> decoder layer (no input norm) -> f̂_{t+1} -> target lm_head
 
-The decoder layer is the target's own class (heads/layers.py), run autoregressively on its own
-outputs (heads/draft_layer.py: the training-time test and tree drafting). Loss per unroll step j:
+The decoder layer is the target's own class (heads/parts/layers.py), run autoregressively on its own
+outputs (heads/parts/draft_layer.py: the training-time test and tree drafting). Loss per unroll step j:
 feature_loss_weight · SmoothL1(f̂, f) + token_loss_weight · soft CE against the target's
 distribution softmax(lm_head(f_{t+1})) (not the sampled next token), weighted ttt_decay^j.
 EAGLE-3 (`type: eagle3`) is heads/eagle3.py.
@@ -23,14 +23,14 @@ from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims
 from draftheads.core.target_family import layer_rotary
-from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
-from draftheads.heads import draft_layer
-from draftheads.heads.common import bind_frozen
-from draftheads.heads.draft_layer import MAX_TTT_STEPS, LayerDrafting, check_unroll
-from draftheads.heads.draft_tree import Sampling
-from draftheads.heads.draft_vocab import check_draft_vocab, vocabulary
-from draftheads.heads.files import WeightsOnly
-from draftheads.heads.layers import bind_parts, build_decoder_layer, run_layer
+from draftheads.core.tree import parse_tree
+from draftheads.heads.parts import draft_layer
+from draftheads.heads.parts.common import bind_frozen
+from draftheads.heads.parts.draft_layer import MAX_TTT_STEPS, LayerDrafting, check_unroll
+from draftheads.heads.parts.draft_vocab import check_draft_vocab, vocabulary
+from draftheads.heads.parts.files import WeightsOnly
+from draftheads.heads.parts.layers import bind_parts, build_decoder_layer, run_layer
+from draftheads.heads.parts.protocol import drafting_methods, new_for_target, one_param_group
 
 
 @dataclass
@@ -93,9 +93,7 @@ class EagleDrafter(nn.Module):
         bind_frozen(self, _lm_head=None)
         self.reset()
 
-    @classmethod
-    def from_target(cls, target_config, cfg: EagleConfig) -> "EagleDrafter":
-        return cls(cfg, target_config)
+    from_target = classmethod(new_for_target)  # the protocol's one-liners: heads/parts/protocol.py
 
     def bind(self, target) -> "EagleDrafter":
         """Share the target's frozen embedding, lm_head and rotary embedding (never trained or saved)."""
@@ -106,7 +104,7 @@ class EagleDrafter(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
-    # ---- the two ends of the layer (heads/draft_layer.py) ------------------------------------
+    # ---- the two ends of the layer (heads/parts/draft_layer.py) ------------------------------
 
     def initial_carry(self, features: torch.Tensor) -> torch.Tensor:
         """features [b, n, F] -> carry [b, n, H]: the target's last hidden state."""
@@ -144,25 +142,13 @@ class EagleDrafter(nn.Module):
 
     # ---- training (core/drafter.py: TrainableDrafter) -------------------------------------------
 
-    def training_loss(self, batch: dict) -> tuple[torch.Tensor, dict]:
-        return draft_layer.training_loss(self, batch)
-
-    def param_groups(self, lr: float) -> list[dict]:
-        return [{"params": [p for p in self.parameters() if p.requires_grad], "lr": lr}]
+    training_loss = draft_layer.training_loss  # the training-time test and its loss
+    param_groups = one_param_group
 
     def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
         """Draft among the draft_vocab_size tokens most frequent in token_counts [V] (ties: lower id first)."""
         self.vocab.choose(token_counts)
 
-    # ---- drafting (core/drafter.py: Drafter) ----------------------------------------------------
+    # ---- drafting (core/drafter.py: Drafter), a generation's state in heads/parts/draft_layer.py --------
 
-    def reset(self) -> None:
-        self._drafting = LayerDrafting()
-
-    def observe(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        """Append committed positions: features [b, n, F], the token after each [b, n]."""
-        self._drafting.observe(self, features, next_tokens)
-
-    def propose(self, tree: Tree | DynamicTreeSpec, *, temperature=0.0, top_k=0, top_p=1.0, generator=None):
-        """Draft a static tree level by level, or an EAGLE-2 dynamic tree (one sequence)."""
-        return self._drafting.propose(self, tree, Sampling(temperature, top_k, top_p, generator))
+    reset, observe, propose = drafting_methods(LayerDrafting)

@@ -6,8 +6,8 @@ via Training-Time Test".
 The fused features are the outputs of three target layers (config `feature_layers`, default
 {1, N//2-1, N-4}: the hidden states entering layers {2, N//2, N-3}, the engines' default). The layer is the target's
 own class with q/k/v widened to 2H inputs; its residual stream stays the H-wide hidden state. The
-output head is the drafter's own, over a draft vocabulary (d2t/t2d, heads/draft_vocab.py), started
-as the target's rows for it. Loss per unroll step j (heads/draft_layer.py): soft CE against the
+output head is the drafter's own, over a draft vocabulary (d2t/t2d, heads/parts/draft_vocab.py), started
+as the target's rows for it. Loss per unroll step j (heads/parts/draft_layer.py): soft CE against the
 target's distribution restricted to the draft vocabulary (renormalised), weighted ttt_decay^j, so
 positions whose target argmax lies outside it still count.
 """
@@ -24,14 +24,14 @@ from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims
 from draftheads.core.target_family import layer_rotary, norm_eps
-from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
-from draftheads.heads import draft_layer
-from draftheads.heads.common import bind_frozen
-from draftheads.heads.draft_layer import MAX_TTT_STEPS, LayerDrafting, check_unroll
-from draftheads.heads.draft_tree import Sampling
-from draftheads.heads.draft_vocab import DraftVocabulary, check_draft_vocab
-from draftheads.heads.files import WeightsOnly
-from draftheads.heads.layers import bind_parts, build_decoder_layer, make_norm, run_layer, widen_attention_inputs
+from draftheads.core.tree import parse_tree
+from draftheads.heads.parts import draft_layer
+from draftheads.heads.parts.common import bind_frozen
+from draftheads.heads.parts.draft_layer import MAX_TTT_STEPS, LayerDrafting, check_unroll
+from draftheads.heads.parts.draft_vocab import DraftVocabulary, check_draft_vocab
+from draftheads.heads.parts.files import WeightsOnly
+from draftheads.heads.parts.layers import bind_parts, build_decoder_layer, make_norm, run_layer, widen_attention_inputs
+from draftheads.heads.parts.protocol import drafting_methods, new_for_target, one_param_group
 
 
 @dataclass
@@ -141,9 +141,7 @@ class Eagle3Drafter(nn.Module):
         bind_frozen(self, _lm_head=None)
         self.reset()
 
-    @classmethod
-    def from_target(cls, target_config, cfg: Eagle3Config) -> "Eagle3Drafter":
-        return cls(cfg, target_config)
+    from_target = classmethod(new_for_target)  # the protocol's one-liners: heads/parts/protocol.py
 
     def bind(self, target) -> "Eagle3Drafter":
         """Share the target's frozen embedding, lm_head (for the soft labels) and rotary embedding."""
@@ -154,14 +152,19 @@ class Eagle3Drafter(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
-    # ---- the two ends of the layer (heads/draft_layer.py) ------------------------------------
+    # ---- the two ends of the layer (heads/parts/draft_layer.py) ------------------------------
 
     def initial_carry(self, features: torch.Tensor) -> torch.Tensor:
         """features [b, n, 4H] (three fused layers, then the last hidden state) -> fc(fused) [b, n, H]."""
         return self.fc(features[..., : 3 * self.hidden_size])
 
     def forward_layer(self, carry, tokens, position_ids, visible, cache=None) -> torch.Tensor:
-        """carry [b, n, H], tokens [b, n] (x_{t+1} at position t) -> layer output [b, n, H]."""
+        """carry [b, n, H], tokens [b, n] (x_{t+1} at position t) -> layer output [b, n, H].
+
+        The layer runs its own class's forward (with draft_layer: target, Gemma's extra norms or Granite's
+        multipliers too): its attention reads [norm(emb); norm(h)], which `_prepend_embeddings`, a forward pre-hook
+        on the attention, makes from the `draft_embeds` given here and the layer's own input_layernorm(h). Writing
+        that forward out here would fix one class's (Llama's) for all."""
         emb = self._embed(tokens).to(carry.dtype)
         return run_layer(self.layer, self._rotary, carry, position_ids, visible, cache,
                          draft_embeds=self.embed_norm(emb))
@@ -187,11 +190,8 @@ class Eagle3Drafter(nn.Module):
 
     # ---- training (core/drafter.py: TrainableDrafter) -------------------------------------------
 
-    def training_loss(self, batch: dict) -> tuple[torch.Tensor, dict]:
-        return draft_layer.training_loss(self, batch)
-
-    def param_groups(self, lr: float) -> list[dict]:
-        return [{"params": [p for p in self.parameters() if p.requires_grad], "lr": lr}]
+    training_loss = draft_layer.training_loss  # the training-time test and its loss
+    param_groups = one_param_group
 
     @torch.no_grad()
     def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
@@ -201,18 +201,9 @@ class Eagle3Drafter(nn.Module):
         if self._lm_head is not None:
             self.lm_head.weight.copy_(self._lm_head.weight[chosen])
 
-    # ---- drafting (core/drafter.py: Drafter) ----------------------------------------------------
+    # ---- drafting (core/drafter.py: Drafter), a generation's state in heads/parts/draft_layer.py --------
 
-    def reset(self) -> None:
-        self._drafting = LayerDrafting()
-
-    def observe(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        """Append committed positions: features [b, n, 4H], the token after each [b, n]."""
-        self._drafting.observe(self, features, next_tokens)
-
-    def propose(self, tree: Tree | DynamicTreeSpec, *, temperature=0.0, top_k=0, top_p=1.0, generator=None):
-        """Draft a static tree level by level, or an EAGLE-2 dynamic tree (one sequence)."""
-        return self._drafting.propose(self, tree, Sampling(temperature, top_k, top_p, generator))
+    reset, observe, propose = drafting_methods(LayerDrafting)
 
 
 def _prepend_embeddings(attention: nn.Module, args: tuple, kwargs: dict):

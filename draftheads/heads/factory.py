@@ -21,13 +21,13 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims
 from draftheads.core.target_family import recurrent_layers
 from draftheads.core.tree import Tree, parse_tree
-from draftheads.heads.common import place_like
 from draftheads.heads.dflash import DFlashConfig, DFlashDrafter
 from draftheads.heads.eagle import EagleConfig, EagleDrafter
 from draftheads.heads.eagle3 import Eagle3Config, Eagle3Drafter
 from draftheads.heads.medusa import MedusaConfig, MedusaDrafter
 from draftheads.heads.medusa2 import Medusa2Config, Medusa2Drafter
 from draftheads.heads.mtp import MTPConfig, MTPDrafter
+from draftheads.heads.parts.common import place_like
 from draftheads.heads.peagle import PEagleConfig, PEagleDrafter
 
 KINDS = {"medusa": (MedusaConfig, MedusaDrafter), "medusa2": (Medusa2Config, Medusa2Drafter),

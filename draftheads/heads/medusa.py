@@ -21,9 +21,11 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.sampling import drawable, pick_children, warp_probs
 from draftheads.core.target_dims import target_dims
 from draftheads.core.tree import DynamicTreeSpec, Tree
-from draftheads.heads.common import DepthMetrics, TargetDistribution, batch_features, bind_frozen, masked_ce, mean_loss
-from draftheads.heads.draft_vocab import check_draft_vocab, vocabulary
-from draftheads.heads.files import WeightsOnly
+from draftheads.heads.parts.common import (DepthMetrics, TargetDistribution, batch_features, bind_frozen, masked_ce,
+                                           mean_loss)
+from draftheads.heads.parts.draft_vocab import check_draft_vocab, vocabulary
+from draftheads.heads.parts.files import WeightsOnly
+from draftheads.heads.parts.protocol import new_for_target, one_param_group
 
 MAX_HEADS = 10
 
@@ -110,8 +112,10 @@ class MedusaDrafter(nn.Module):
     feature_layers = (-1,)
     trains_target = False
 
-    def __init__(self, config: MedusaConfig, hidden_size: int, vocab_size: int):
+    def __init__(self, config: MedusaConfig, target_config):
         super().__init__()
+        dims = target_dims(target_config)
+        hidden_size, vocab_size = dims.hidden_size, dims.vocab_size
         self.config = config
         self.hidden_size, self.vocab_size = hidden_size, vocab_size
         self.heads = nn.ModuleList(
@@ -128,10 +132,7 @@ class MedusaDrafter(nn.Module):
         self.files = WeightsOnly(self)
         bind_frozen(self, _lm_head=None, _feature=None, _pending=None)
 
-    @classmethod
-    def from_target(cls, target_config, cfg: MedusaConfig) -> "MedusaDrafter":
-        dims = target_dims(target_config)
-        return cls(cfg, dims.hidden_size, dims.vocab_size)
+    from_target = classmethod(new_for_target)  # the protocol's one-liners: heads/parts/protocol.py
 
     def bind(self, target) -> "MedusaDrafter":
         """Attach the target's frozen lm_head (own lm heads start as its rows)."""
@@ -218,8 +219,7 @@ class MedusaDrafter(nn.Module):
 
     def param_groups(self, lr: float) -> list[dict]:
         """One group: the heads, at head.head_lr when set."""
-        heads = [p for p in self.parameters() if p.requires_grad]
-        return [{"params": heads, "lr": self.config.head_lr or lr}]
+        return one_param_group(self, self.config.head_lr or lr)
 
     # ---- drafting (core/drafter.py: Drafter) ---------------------------------------
 

@@ -25,10 +25,10 @@ from torch import nn
 
 from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
-from draftheads.core.target_dims import target_dims
-from draftheads.heads.common import masked_ce, mean_loss, shift_mask
-from draftheads.heads.draft_vocab import check_draft_vocab
 from draftheads.heads.medusa import MedusaConfig, MedusaDrafter, check_heads
+from draftheads.heads.parts.common import masked_ce, mean_loss, shift_mask
+from draftheads.heads.parts.draft_vocab import check_draft_vocab
+from draftheads.heads.parts.protocol import new_for_target, trainable
 
 ADAPTER = "adapter"
 HEAD_FIELDS = ("num_heads", "num_layers", "lm_head", "loss_decay", "soft_labels", "draft_vocab_size", "head_lr")
@@ -116,9 +116,8 @@ class Medusa2Drafter(nn.Module):
 
     def __init__(self, config: Medusa2Config, target_config):
         super().__init__()
-        dims = target_dims(target_config)
         self.config = config
-        self.medusa = MedusaDrafter(config.heads(), dims.hidden_size, dims.vocab_size)
+        self.medusa = MedusaDrafter(config.heads(), target_config)
         self.target = None  # the adapted target, registered at bind so its adapter trains and syncs with the heads
         self.files = AdapterFiles(self)
 
@@ -130,9 +129,7 @@ class Medusa2Drafter(nn.Module):
         twin._modules = {**self._modules, "medusa": copy.copy(self.medusa)}
         return twin
 
-    @classmethod
-    def from_target(cls, target_config, cfg: Medusa2Config) -> "Medusa2Drafter":
-        return cls(cfg, target_config)
+    from_target = classmethod(new_for_target)  # the protocol's one-liners: heads/parts/protocol.py
 
     @property
     def vocab(self):
@@ -205,9 +202,8 @@ class Medusa2Drafter(nn.Module):
 
     def param_groups(self, lr: float) -> list[dict]:
         """The heads at head_lr (default 4x lr), the LoRA adapter at lr."""
-        heads = [p for p in self.medusa.parameters() if p.requires_grad]
-        lora = [p for p in self.adapted_target().parameters() if p.requires_grad]
-        return [{"params": heads, "lr": self.config.head_lr or 4 * lr}, {"params": lora, "lr": lr}]
+        return [{"params": trainable(self.medusa), "lr": self.config.head_lr or 4 * lr},
+                {"params": trainable(self.adapted_target()), "lr": lr}]
 
     def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
         self.medusa.set_draft_vocab(token_counts)

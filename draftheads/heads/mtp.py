@@ -22,11 +22,12 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims
 from draftheads.core.target_family import layer_rotary, norm_eps
 from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
-from draftheads.heads.common import DepthMetrics, TargetDistribution, batch_features, bind_frozen, masked_ce, mean_loss
-from draftheads.heads.draft_tree import Sampling, draft_dynamic, draft_static, lineage, node_depth
-from draftheads.heads.draft_vocab import check_draft_vocab, vocabulary
-from draftheads.heads.files import WeightsOnly
-from draftheads.heads.layers import (
+from draftheads.heads.parts.common import (DepthMetrics, TargetDistribution, batch_features, bind_frozen, masked_ce,
+                                           mean_loss)
+from draftheads.heads.parts.draft_tree import Sampling, draft_dynamic, draft_static, lineage, node_depth
+from draftheads.heads.parts.draft_vocab import check_draft_vocab, vocabulary
+from draftheads.heads.parts.files import WeightsOnly
+from draftheads.heads.parts.layers import (
     KVCache,
     bind_parts,
     build_decoder_layer,
@@ -35,6 +36,7 @@ from draftheads.heads.layers import (
     run_layer,
     tree_visible,
 )
+from draftheads.heads.parts.protocol import new_for_target, one_param_group
 
 MAX_DEPTH = 8
 
@@ -105,9 +107,7 @@ class MTPDrafter(nn.Module):
         bind_frozen(self, _lm_head=None)
         self.reset()
 
-    @classmethod
-    def from_target(cls, target_config, cfg: MTPConfig) -> "MTPDrafter":
-        return cls(cfg, target_config)
+    from_target = classmethod(new_for_target)  # the protocol's one-liners: heads/parts/protocol.py
 
     def bind(self, target) -> "MTPDrafter":
         """Share the target's frozen embedding, final norm, lm_head and rotary embedding."""
@@ -166,8 +166,7 @@ class MTPDrafter(nn.Module):
             loss = loss + weights[k - 1] * mean_loss(loss_sum, total)
         return loss, metrics.as_dict()
 
-    def param_groups(self, lr: float) -> list[dict]:
-        return [{"params": [p for p in self.parameters() if p.requires_grad], "lr": lr}]
+    param_groups = one_param_group
 
     def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
         """Draft among the draft_vocab_size tokens most frequent in token_counts [V] (ties: lower id first)."""

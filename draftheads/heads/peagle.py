@@ -9,8 +9,8 @@
 The layer, fc, norms, draft vocabulary and own lm_head are EAGLE-3's (heads/eagle3.py, which this class extends), so
 a P-EAGLE folder is an EAGLE-3 folder plus `mask_hidden` and a mask token id (vLLM: method eagle3 with
 parallel_drafting). The slots do not read the drafted tokens, so each depth's distribution is the same for every
-node at that depth, as DFlash's (trees: heads/block_drafting.py). Training (heads/peagle_training.py) replaces the
-training-time-test unroll by one pass over all depths with COD subsampling.
+node at that depth, as DFlash's (trees: heads/parts/block_drafting.py). Training (heads/parts/peagle_training.py)
+replaces the training-time-test unroll by one pass over all depths with COD subsampling.
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ from torch import nn
 from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
-from draftheads.heads.block_drafting import tree_from_slots
-from draftheads.heads.common import resolve_mask_token
-from draftheads.heads.draft_layer import LayerDrafting
-from draftheads.heads.draft_tree import Sampling
 from draftheads.heads.eagle3 import Eagle3Drafter, check_feature_layers, resolve_eagle3
-from draftheads.heads.layers import causal_visible
-from draftheads.heads.peagle_training import parallel_training_loss
+from draftheads.heads.parts.block_drafting import tree_from_slots
+from draftheads.heads.parts.common import resolve_mask_token
+from draftheads.heads.parts.draft_layer import LayerDrafting
+from draftheads.heads.parts.draft_tree import Sampling
+from draftheads.heads.parts.layers import causal_visible
+from draftheads.heads.parts.peagle_training import parallel_training_loss
+from draftheads.heads.parts.protocol import drafting_methods
 
 MAX_DEPTHS = 16
 
@@ -84,36 +85,6 @@ class PEagleConfig:
         return self.depths
 
 
-class PEagleDrafter(Eagle3Drafter):
-    """EAGLE-3's layer and ends, a learned mask hidden vector, and drafting/training that make every depth in one
-    pass."""
-
-    def __init__(self, config: PEagleConfig, target_config):
-        super().__init__(config, target_config)
-        # speculators and vLLM keep the mask vector before fc, [1, 1, 3H]; a unit-scale start like the features'
-        self.mask_hidden = nn.Parameter(torch.randn(1, 1, 3 * self.hidden_size))
-
-    @classmethod
-    def from_target(cls, target_config, cfg: PEagleConfig) -> "PEagleDrafter":
-        return cls(cfg, target_config)
-
-    def mask_slots(self, b: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(carry [b, n, H], tokens [b, n]) of n mask slots."""
-        carry = self.fc(self.mask_hidden.to(self.dtype)).expand(b, n, -1)
-        tokens = torch.full((b, n), self.config.mask_token_id, dtype=torch.long, device=device)
-        return carry, tokens
-
-    def training_loss(self, batch: dict) -> tuple[torch.Tensor, dict]:
-        return parallel_training_loss(self, batch)
-
-    def reset(self) -> None:
-        self._drafting = ParallelDrafting()
-
-    def propose(self, tree: Tree | DynamicTreeSpec, *, temperature=0.0, top_k=0, top_p=1.0, generator=None):
-        """Draft a static or dynamic tree (chain:K included) from one forward of the mask slots."""
-        return self._drafting.propose(self, tree, Sampling(temperature, top_k, top_p, generator))
-
-
 class ParallelDrafting(LayerDrafting):
     """EAGLE-3's cache of committed positions (observe is the same); propose runs the mask slots once."""
 
@@ -141,3 +112,22 @@ class ParallelDrafting(LayerDrafting):
         out = model.forward_layer(carry, tokens, positions, visible, self.cache)
         self.cache.truncate(self.committed)
         return out
+
+
+class PEagleDrafter(Eagle3Drafter):
+    """EAGLE-3's layer and ends, a learned mask hidden vector, and drafting/training that make every depth in one
+    pass."""
+
+    def __init__(self, config: PEagleConfig, target_config):
+        super().__init__(config, target_config)
+        # speculators and vLLM keep the mask vector before fc, [1, 1, 3H]; a unit-scale start like the features'
+        self.mask_hidden = nn.Parameter(torch.randn(1, 1, 3 * self.hidden_size))
+
+    def mask_slots(self, b: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(carry [b, n, H], tokens [b, n]) of n mask slots."""
+        carry = self.fc(self.mask_hidden.to(self.dtype)).expand(b, n, -1)
+        tokens = torch.full((b, n), self.config.mask_token_id, dtype=torch.long, device=device)
+        return carry, tokens
+
+    training_loss = parallel_training_loss  # every depth in one pass (heads/parts/peagle_training.py)
+    reset, observe, propose = drafting_methods(ParallelDrafting)  # heads/parts/protocol.py

@@ -21,7 +21,7 @@ import torch
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims
-from draftheads.heads import draft_vocab
+from draftheads.heads.parts import draft_vocab
 from draftheads.interop.eagle_layout import engine_layer_config
 from draftheads.interop.layout import Tensor
 

@@ -19,7 +19,7 @@ import torch
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims
-from draftheads.heads import draft_vocab
+from draftheads.heads.parts import draft_vocab
 from draftheads.heads.eagle3 import default_feature_layers
 from draftheads.core.target_family import one_layer_config, whole_head_rope
 from draftheads.interop.layout import Tensor

@@ -29,7 +29,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.targets import ALIASES, embedded_gguf
-from draftheads.heads import draft_vocab
+from draftheads.heads.parts import draft_vocab
 from draftheads.core.target_family import whole_head_rope
 from draftheads.interop.layout import Layout, LoaderFile, Tensor
 from draftheads.interop.native import SavedDrafter

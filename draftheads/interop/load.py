@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from draftheads.core.errors import DraftheadsError
-from draftheads.heads.common import place_like
 from draftheads.heads.factory import head_config, new_drafter, upgrade_head
+from draftheads.heads.parts.common import place_like
 from draftheads.interop import speculators, tgi, vllm
 from draftheads.interop.dflash_layout import ARCHITECTURE as DFLASH_ARCHITECTURE
 from draftheads.interop.dflash_layout import read_dflash

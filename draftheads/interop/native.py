@@ -35,9 +35,9 @@ from draftheads.core.targets import locate_target
 from draftheads.core.tree import parse_tree
 from draftheads.core.version import __version__
 from draftheads.data.target import read_chat_template
-from draftheads.heads.common import place_like
 from draftheads.heads.factory import HeadConfig, head_config, new_drafter, upgrade_head
-from draftheads.heads.layers import llama_layer_config
+from draftheads.heads.parts.common import place_like
+from draftheads.heads.parts.layers import llama_layer_config
 from draftheads.interop.gguf_targets import gguf_lm_head
 
 FORMAT = "draftheads"

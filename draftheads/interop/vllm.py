@@ -18,7 +18,7 @@ import torch
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims
-from draftheads.heads import draft_vocab
+from draftheads.heads.parts import draft_vocab
 from draftheads.interop.dflash_layout import ARCHITECTURE as DFLASH_ARCHITECTURE
 from draftheads.interop.dflash_layout import dflash_config, dflash_tensors, dflash_to_engine
 from draftheads.interop.eagle_layout import (

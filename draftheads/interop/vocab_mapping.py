@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from draftheads.core.errors import DraftheadsError
-from draftheads.heads import draft_vocab
+from draftheads.heads.parts import draft_vocab
 from draftheads.interop.native import WEIGHTS, resolve_drafter_folder
 
 SPECFORGE_FILE, D2T_FILE, T2D_FILE = "vocab_mapping.pt", "d2t.npy", "t2d.npy"

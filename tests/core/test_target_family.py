@@ -1,7 +1,7 @@
 """Family conventions that fail silently rather than loudly: a wrong rope base, a missing embedding scale or softcap
 only lowers acceptance. A draft layer made as a copy of the target's last decoder layer, run by our own layer call
-(heads/layers.run_layer) with the rotary core/target_family builds for it, fed the target's own features, must give
-the target's last hidden state and logits (through TargetHead); TargetEmbedding must give what its first layer
+(heads/parts/layers.run_layer) with the rotary core/target_family builds for it, fed the target's own features, must
+give the target's last hidden state and logits (through TargetHead); TargetEmbedding must give what its first layer
 reads."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from draftheads.core.target_family import (
     sliding_windows,
     whole_head_rope,
 )
-from draftheads.heads.layers import build_decoder_layer, causal_visible, run_layer
+from draftheads.heads.parts.layers import build_decoder_layer, causal_visible, run_layer
 from tests.families import FAMILIES, HYBRID, family_config, family_target
 from tests.margins import at_most
 
@@ -61,7 +61,7 @@ def test_a_copy_of_the_last_layer_gives_the_targets_hidden_state_and_logits(fami
 @torch.no_grad()
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_draft_layer_built_for_the_target_computes_its_global_layer(family):
-    """The draft layer EAGLE and MTP build (heads/layers.build_decoder_layer: one layer of the target's class from
+    """The draft layer EAGLE and MTP build (heads/parts/layers.build_decoder_layer: one layer of the target's class from
     one_layer_config), given the weights of the target layer it is modelled on (global_layer), computes what that
     layer computes: its sizes, rotary and attention settings are the target's. Where the target's first layers are
     dense and the rest MoE (GLM-4.5, DeepSeek-V3) the draft layer is a dense one, modelled on the last dense layer;

@@ -147,10 +147,10 @@ def test_value_dependent_pruning_needs_point_masses():
 # ---- statistical tests on a Markov toy target ------------------------------------------------------
 def draft(tree: Tree, temperature: float, sampled: bool, generator, sharpness: float = 1.0):
     """(tree, tokens [ROWS, N], q [ROWS, N, V] or None) as the drafters draft: children drawn without replacement
-    from the drafter's Markov q, padded with q = 0 tokens where q underflowed (heads/draft_tree.py), on the
+    from the drafter's Markov q, padded with q = 0 tokens where q underflowed (heads/parts/draft_tree.py), on the
     gap-free tree (Tree.compacted) when sampled; else its deterministic top-k. sharpness scales the draft
     logits (a large one underflows q at low temperatures)."""
-    from draftheads.heads.draft_tree import Sampling, child_distribution, choose_children
+    from draftheads.heads.parts.draft_tree import Sampling, child_distribution, choose_children
 
     tree = tree.compacted() if sampled else tree
     sampling = Sampling(temperature, generator=generator if sampled else None)
@@ -365,7 +365,7 @@ def test_padded_children_of_an_underflowed_draft_are_point_masses():
     """T=0.1 and a 12-logit gap leave one token in q, so the second root child is a pad with q = 0. Taken as a
     draw from q (ratio r / 1e-30) it was accepted whenever the target gave it mass: emitted [.6, 0, .4, 0, ...]
     instead of p = [.6, 0, .3, .1, 0, 0]."""
-    from draftheads.heads.draft_tree import Sampling, child_distribution, choose_children
+    from draftheads.heads.parts.draft_tree import Sampling, child_distribution, choose_children
 
     law = torch.tensor([0.6, 0.0, 0.3, 0.1, 0.0, 0.0])
     rows, vocab = 200_000, len(law)
@@ -386,7 +386,7 @@ def test_padded_children_of_an_underflowed_draft_are_point_masses():
 
 def sampled_tree_law(paths, compact: bool, rows: int = 200_000, seed: int = 0) -> float:
     """p-value of the first emitted token against p when root children are drawn from q for the tree `paths`."""
-    from draftheads.heads.draft_tree import Sampling, draft_static
+    from draftheads.heads.parts.draft_tree import Sampling, draft_static
 
     g = torch.Generator().manual_seed(seed)
     vocab = 6

@@ -7,8 +7,9 @@ import torch
 import draftheads
 from draftheads.core.errors import DraftheadsError
 from draftheads.decoding.generate import speculative_generate
-from draftheads.heads.block_training import block_inputs, block_labels, block_visible, sample_anchors, slot_weights
 from draftheads.heads.dflash import default_target_layers
+from draftheads.heads.parts.block_training import (block_inputs, block_labels, block_visible, sample_anchors,
+                                                   slot_weights)
 from tests.fixtures import make_target
 from tests.heads.batches import continuation_batch, perturb, row_batch, target_features, train_steps
 from tests.margins import at_least, at_most

@@ -7,12 +7,12 @@ import torch
 from draftheads.core.config import build, to_dict
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import DynamicTreeSpec, Tree
-from draftheads.heads.common import decoder_layer_class, shift_mask
-from draftheads.heads.draft_layer import unroll
 from draftheads.heads.eagle import EagleConfig
 from draftheads.heads.eagle3 import Eagle3Config
 from draftheads.heads.factory import KINDS as HEAD_KINDS
 from draftheads.heads.factory import new_drafter
+from draftheads.heads.parts.common import decoder_layer_class, shift_mask
+from draftheads.heads.parts.draft_layer import unroll
 from tests.heads.batches import train_steps
 from tests.margins import at_least, at_most
 

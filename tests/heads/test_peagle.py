@@ -7,7 +7,7 @@ import torch
 import draftheads
 from draftheads.core.errors import DraftheadsError
 from draftheads.decoding.generate import speculative_generate
-from draftheads.heads.peagle_training import cod_slots, parallel_forward, slot_visible
+from draftheads.heads.parts.peagle_training import cod_slots, parallel_forward, slot_visible
 from tests.fixtures import make_target
 from tests.heads.batches import (
     continuation_batch,

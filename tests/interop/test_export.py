@@ -466,7 +466,7 @@ def test_eagle3_norms_map_to_the_engine_roles(targets, natives, tmp_path):
     n = 4
     ids, carry = torch.tensor([[3, 9, 27, 81]]), torch.randn(1, n, H)
     logits = eagle3_engine_logits(t, target, ids, carry)
-    from draftheads.heads.layers import causal_visible
+    from draftheads.heads.parts.layers import causal_visible
 
     with torch.no_grad():
         out = drafter.forward_layer(carry, ids, torch.arange(n)[None], causal_visible(None, 1, n))

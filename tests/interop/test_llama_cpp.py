@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from draftheads.api import build_drafter
 from draftheads.core.errors import DraftheadsError
-from draftheads.heads.layers import causal_visible
+from draftheads.heads.parts.layers import causal_visible
 from draftheads.interop import llama_cpp
 from draftheads.interop.export import export_drafter
 from draftheads.interop.llama_cpp import DRAFTER_FILE, LAYOUTS, interleave_rope_rows, read_gguf

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from draftheads.heads.files import WeightsOnly
+from draftheads.heads.parts.files import WeightsOnly
 from draftheads.recipe import recipe_from_dict
 
 

@@ -3,7 +3,7 @@
 The state of a generation is each draft layer's keys and values over the committed context (extended by `observe`,
 never holding drafted positions) and the pending token. `propose` runs the block [pending, mask, ..., mask] once;
 slot d's distribution is the draft of depth d for every node at that depth, whatever its ancestors (the slots do not
-see each other's tokens). A static tree is filled with the same code as the other heads (heads/draft_tree.py): the
+see each other's tokens). A static tree is filled with the same code as the other heads (heads/parts/draft_tree.py): the
 children of a depth-d node are slot d+1's top-k (or draws without replacement from its warped distribution, given as
 the node's q, so the strict rule stays exact: the draws of different nodes are independent).
 
@@ -25,7 +25,7 @@ import torch
 from draftheads.core.drafter import Proposal
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import DynamicTreeSpec, Tree
-from draftheads.heads.draft_tree import (Forest, Sampling, child_distribution, choose_children, draft_static,
+from draftheads.heads.parts.draft_tree import (Forest, Sampling, child_distribution, choose_children, draft_static,
                                          forest_to_tree, node_depth, single_root)
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from draftheads.heads.common import DepthMetrics
-from draftheads.heads.draft_vocab import IGNORE
+from draftheads.heads.parts.common import DepthMetrics
+from draftheads.heads.parts.draft_vocab import IGNORE
 
 EVAL_SEED = 0  # anchors drawn in eval mode: the same every call
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from draftheads.core.errors import DraftheadsError
-from draftheads.heads.draft_vocab import FULL, IGNORE
+from draftheads.heads.parts.draft_vocab import FULL, IGNORE
 
 
 def decoder_layer_class(target_config) -> type:
@@ -109,7 +109,7 @@ def masked_ce(hidden: torch.Tensor, batch: dict, shift: int, project, vocab=FULL
 
     hidden [b, s, H] -> project (e.g. lm_head) is applied only to the counted rows, so the
     [n, V] logits never cover padding or prompt positions. With a draft vocabulary (`vocab`, see
-    heads/draft_vocab.py) project gives [n, Vd]; labels outside it add no loss but count as misses.
+    heads/parts/draft_vocab.py) project gives [n, Vd]; labels outside it add no loss but count as misses.
     With `soft` the loss is cross-entropy against the target's distribution of x_{t+shift} over
     the same columns (it says how close the runners-up were, which one sampled token cannot);
     top-1 hits still count against the token. Returns (loss_sum, correct, total).

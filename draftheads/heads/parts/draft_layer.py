@@ -2,9 +2,9 @@
 and EAGLE-3 (heads/eagle3.py) share.
 
 The "carry" fed at position t is what the layer continues from: made from the target's features
-at first (`initial_carry`), then the layer's own previous output. A drafter supplies its two ends,
-how carry and token enter the layer (`forward_layer`) and how its output becomes logits
-(`draft_logits`), plus what a position's loss adds to the token loss (`position_loss`: EAGLE-1/2's
+at first (`initial_carry`), then the layer's own previous output. A drafter supplies its two ends
+(core/drafter.py's `DraftLayer`): how carry and token enter the layer (`forward_layer`) and how its output becomes
+logits (`draft_logits`), plus what a position's loss adds to the token loss (`position_loss`: EAGLE-1/2's
 feature regression); this module runs the rest:
 
 - training: the training-time test (`unroll`: step j feeds step j-1's outputs back in and attends
@@ -17,16 +17,15 @@ feature regression); this module runs the rest:
 from __future__ import annotations
 
 import functools
-from typing import Any, Protocol
 
 import torch
 
 from draftheads.core.config import check
-from draftheads.core.drafter import Proposal
+from draftheads.core.drafter import DraftLayer, Proposal
 from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
-from draftheads.heads.common import DepthMetrics, batch_features, mean_loss, shift_mask
-from draftheads.heads.draft_tree import Sampling, draft_dynamic, draft_static, node_depth
-from draftheads.heads.layers import KVCache, causal_visible, tree_visible, ttt_visible
+from draftheads.heads.parts.common import DepthMetrics, batch_features, mean_loss, shift_mask
+from draftheads.heads.parts.draft_tree import Sampling, draft_dynamic, draft_static, node_depth
+from draftheads.heads.parts.layers import KVCache, causal_visible, tree_visible, ttt_visible
 
 MAX_TTT_STEPS = 16
 
@@ -42,32 +41,6 @@ def check_unroll(config) -> None:
           f"head.token_loss_fraction must be in (0, 1], got {config.token_loss_fraction}")
     check(config.draft_vocab_size is None or config.draft_vocab_size > 0, "head.draft_vocab_size must be positive")
     parse_tree(config.default_tree, "head.default_tree")
-
-
-class DraftLayer(Protocol):
-    """What an EAGLE drafter gives this module."""
-
-    config: Any  # EagleConfig or Eagle3Config: ttt_steps, ttt_decay, input_noise, token_loss_fraction
-    vocab: Any  # heads/draft_vocab.py
-    hidden_size: int
-    dtype: torch.dtype
-    training: bool
-
-    def initial_carry(self, features: torch.Tensor) -> torch.Tensor:
-        """The target's features [b, n, F] -> carry [b, n, H]."""
-
-    def forward_layer(self, carry, tokens, position_ids, visible, cache=None) -> torch.Tensor:
-        """carry [b, n, H], tokens [b, n] (x_{t+1} at position t) -> layer output [b, n, H]."""
-
-    def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
-        """Layer output [..., H] -> fp32 logits over the drafter's vocabulary [..., V or Vd]."""
-
-    def target_logits(self, features: torch.Tensor) -> torch.Tensor:
-        """The target's final features [..., H] -> its fp32 logits over the same columns."""
-
-    def position_loss(self, token_loss: torch.Tensor, rows: torch.Tensor, target_f: torch.Tensor) -> torch.Tensor:
-        """Per-position loss [m'] from the token loss [m'] of the picked positions, given every counted
-        position's layer output and the target feature it should predict ([m, H] each)."""
 
 
 # ---- training ---------------------------------------------------------------------------------

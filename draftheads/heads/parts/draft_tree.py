@@ -4,7 +4,7 @@ A drafter supplies one callback, `expand(nodes, parents, tokens) -> logits [b, l
 the draft logits for the children of `nodes` (all at one depth, every ancestor expanded in an
 earlier call, so autoregressive drafters can feed them with a tree mask over their own cache).
 `parents[i]` and `tokens[:, i]` describe every node created so far; node 0 is the root. Logits are
-over the drafter's vocabulary (`vocab`, heads/draft_vocab.py): with a draft vocabulary [b, n, Vd],
+over the drafter's vocabulary (`vocab`, heads/parts/draft_vocab.py): with a draft vocabulary [b, n, Vd],
 so softmax and top-k run over Vd columns, not V (the same result: tokens outside have zero draft
 probability), and `vocab` maps the picked columns to target ids.
 
@@ -25,7 +25,7 @@ import torch
 
 from draftheads.core.sampling import drawable, pick_children, warp_probs
 from draftheads.core.tree import DynamicTreeSpec, Tree
-from draftheads.heads.draft_vocab import FULL
+from draftheads.heads.parts.draft_vocab import FULL
 
 Expand = Callable[[list[int], list[int], torch.Tensor], torch.Tensor]
 

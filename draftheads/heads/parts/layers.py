@@ -24,7 +24,7 @@ from draftheads.core.target_family import (
     one_layer_config,
     whole_head_rope,
 )
-from draftheads.heads.common import bind_frozen, decoder_layer_class
+from draftheads.heads.parts.common import bind_frozen, decoder_layer_class
 
 ATTENTION_INPUTS = ("q_proj", "k_proj", "v_proj")
 

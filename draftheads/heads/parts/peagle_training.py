@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from draftheads.heads.common import DepthMetrics, batch_features, shift_mask
-from draftheads.heads.layers import KVCache, causal_visible
+from draftheads.heads.parts.common import DepthMetrics, batch_features, shift_mask
+from draftheads.heads.parts.layers import KVCache, causal_visible
 
 EVAL_SEED = 0  # slots drawn in eval mode: the same every call, so held-out figures compare
 

@@ -9,9 +9,9 @@ import torch
 import draftheads
 from draftheads.core.tree import DynamicTreeSpec
 from draftheads.decoding.generate import speculative_generate
-from draftheads.heads.block_drafting import tree_from_slots
-from draftheads.heads.draft_tree import Sampling, draft_dynamic, node_depth
-from draftheads.heads.draft_vocab import FULL
+from draftheads.heads.parts.block_drafting import tree_from_slots
+from draftheads.heads.parts.draft_tree import Sampling, draft_dynamic, node_depth
+from draftheads.heads.parts.draft_vocab import FULL
 from tests.decoding.test_greedy import plain, prompt_ids, target
 
 ROOT = 99

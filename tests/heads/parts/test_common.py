@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from draftheads.heads.common import TargetDistribution, masked_ce
+from draftheads.heads.parts.common import TargetDistribution, masked_ce
 
 
 def test_soft_labels_on_a_certain_target_give_the_hard_loss():

@@ -4,7 +4,7 @@ import torch
 
 from draftheads.core.sampling import warp_probs
 from draftheads.core.tree import DynamicTreeSpec, Tree
-from draftheads.heads.draft_tree import (
+from draftheads.heads.parts.draft_tree import (
     Sampling,
     child_distribution,
     draft_dynamic,
