@@ -33,17 +33,19 @@ def answers(source: str, limit: int, folder: Path) -> list[dict]:
     from draftheads.data.prompt_source import PromptSource
     from draftheads.data.prompts import load_source
     from draftheads.decoding.generate import speculative_generate
+    from draftheads.decoding.settings import DecodeSettings
     from draftheads.measurement.conversations import Conversation, EvalSettings, first_chat
 
     path = folder / f"{source}-{limit}.json"
     if path.is_file():
         return json.loads(path.read_text())
     model, tokenizer = draftheads.load_target("smollm2-135m", dtype="bf16")
-    settings = EvalSettings(max_new_tokens=128, max_length=8192, stop_ids=stop_token_ids(tokenizer))
+    stops = stop_token_ids(tokenizer)
+    settings = EvalSettings(DecodeSettings(max_new_tokens=128, eos_token_id=stops), max_length=8192)
     rows = []
     for i, prompt in enumerate(load_source(PromptSource(source=source, limit=limit), collections.Counter())):
         ids = first_chat(tokenizer, Conversation(i, prompt.turns[:1], prompt.system), settings).input_ids
-        reply = speculative_generate(model, None, torch.tensor(ids), 128, eos_token_id=settings.stop_ids).rows[0]
+        reply = speculative_generate(model, None, torch.tensor(ids), 128, eos_token_id=stops).rows[0]
         rows.append({"prompt": ids, "reply": reply})
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rows))

@@ -11,14 +11,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import types
 import typing
 
-import yaml
-
-from draftheads.core.config import convert, load_yaml
+from draftheads.core.config import from_text, split_items
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.version import __version__
-from draftheads.evaluation.presets import PRESETS
+# the settings classes whose fields declare the flags that set them: plain Python, no torch (`--help` stays quick)
+from draftheads.drift.acceptance_monitor import MonitorConfig, RetrainRule
+from draftheads.drift.drift_config import DriftConfig, UpdateConfig
+from draftheads.evaluation.eval_config import EngineEvalConfig, EvalConfig
+from draftheads.interop.export_config import ExportConfig
+
+# what `draftheads drift` takes of an evaluation's settings (it runs one on each target)
+DRIFT_EVAL = ("prompts", "limit", "max_new_tokens", "dtype", "device", "chat_template", "accept", "temperatures",
+              "tree")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,40 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
     _recipe_args(p)
     p.set_defaults(handler=cmd_train, parser=p)
 
-    p = sub.add_parser("eval", help="measure acceptance and speedup of drafters in our generation loop")
+    p = sub.add_parser("eval", help="measure acceptance and speedup of drafters in our generation loop",
+                       description="Unset flags take the eval: section of the recipe that trained the first drafter, "
+                                   "else the defaults shown.")
     p.add_argument("drafters", nargs="*", help="drafter or run folders; 'suffix' for suffix decoding; "
                                                "FOLDER+lookup[-switch|-gate] or FOLDER+suffix[-switch|-gate] for a "
                                                "combination with prompt lookup (always measured) or suffix decoding")
     p.add_argument("--target", default=None, help="target spec (default: the drafter's target)")
-    # unset flags take the eval: section of the recipe that trained the first drafter, else its defaults
-    _prompt_args(p)
-    p.add_argument("--accept", default=None, metavar="RULE[,RULE...]",
-                   help="comma-separated: greedy,strict,typical (default: greedy)")
-    p.add_argument("--temperature", dest="temperatures", default=None, metavar="T[,T...]",
-                   help="comma-separated temperatures (default: 0)")
-    p.add_argument("--tree", default=None, help="chain:K | static:PATHS | dynamic:TOPK,DEPTH,TOTAL | auto[:NODES] "
-                                                "(fastest on this machine) | auto:tau[:NODES] "
-                                                "(most tokens per forward)")
-    p.add_argument("--preset", default=None, choices=list(PRESETS),
-                   help="the field's reporting settings: "
-                        + ", ".join(f"{name} ({preset.tree})" for name, preset in PRESETS.items())
-                        + "; greedy, temperature 0, batch 1")
-    p.add_argument("--combined", nargs="?", const="graft", default=None, choices=["graft", "switch", "gate", "all"],
-                   help="also measure each learned drafter combined with prompt lookup: graft (the default: the lookup "
-                        "chain grafted onto the learned tree), switch (the lookup chain alone while the text is being "
-                        "copied, the grafted tree otherwise), gate (the learned tree drafted only while the tokens it "
-                        "adds pay for its cost on this machine), all (the three)")
-    p.add_argument("--batch-size", dest="batch_sizes", default=None, metavar="B[,B...]",
-                   help="comma-separated batch sizes, e.g. 1,2,4,8,16: the speedup-vs-batch curve (default: 1)")
-    p.add_argument("--plain-above", default=None, help="decode plainly while more than this many rows are generating")
-    p.add_argument("--refresh-profile", action="store_const", const=True, default=None,
-                   help="time the target on this machine again instead of reading the cached cost profile")
-    p.add_argument("--calibration-prompts", default=None, metavar="N",
-                   help="prompts past the evaluated ones that trees, gates and the prediction are fitted on "
-                        "(default: 16); more narrow the predicted range, each costs a generation per configuration")
-    p.add_argument("--tau-from", default=None, metavar="REPORT",
-                   help="predict from the tau an earlier eval measured (its folder or report.json) where it ran the "
-                        "same drafter, tree and rule, instead of from the calibration prompts")
+    _setting_flags(p, EvalConfig)
     p.add_argument("--out", default=None, help="report folder (default: a timestamped folder)")
     p.set_defaults(handler=cmd_eval, parser=p)
 
@@ -123,13 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--old-target", default=None, help="the target it was trained for (default: its config.json's)")
     p.add_argument("--data", default=None, help="rows the old target wrote, to measure the shift on (default: the "
                                                 "drafter's training data)")
-    p.add_argument("--rows", default=None, help="rows the shift is measured on (default: 64)")
+    _setting_flags(p, DriftConfig)
     p.add_argument("--old-report", default=None, help="an earlier eval of the drafter on the old target with the same "
                                                       "settings, instead of measuring it again")
-    _prompt_args(p)
-    p.add_argument("--accept", default=None, metavar="RULE[,RULE...]", help="greedy,strict,typical (default: greedy)")
-    p.add_argument("--temperature", dest="temperatures", default=None, metavar="T[,T...]")
-    p.add_argument("--tree", default=None, help="the tree on both targets (default: the drafter's)")
+    _setting_flags(p, EvalConfig, only=DRIFT_EVAL)   # the same evaluation on both targets
     p.add_argument("--out", default=None, help="report folder (default: a timestamped folder)")
     p.set_defaults(handler=cmd_drift, parser=p)
 
@@ -137,13 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                                              "(LoRA or full), or its GGUF requantized")
     p.add_argument("data", nargs="?", help="a `draftheads data` folder the target wrote (not for --requantize)")
     p.add_argument("--out", required=True, help="the updated target's folder (a .gguf file with --requantize)")
-    # numbers and defaults are UpdateConfig's, checked there (as every flag that sets a setting)
-    p.add_argument("--method", default=None, choices=["lora", "full"], help="(default: lora)")
-    p.add_argument("--steps", default=None, help="optimizer steps: the strength of the update (default: 60)")
-    p.add_argument("--lr", default=None, help="learning rate (default 2e-4 lora, 2e-5 full)")
-    p.add_argument("--rank", default=None, help="LoRA rank (default: 16)")
-    p.add_argument("--batch-size", default=None, help="rows per step (default: 8)")
-    p.add_argument("--base", default=None, help="the target to update (default: smollm2-135m)")
+    _setting_flags(p, UpdateConfig)
     p.add_argument("--gguf", default=None, choices=["f32", "f16", "bf16", "q8_0"],
                    help="also write the update as a GGUF file of this type in --out, for llama.cpp")
     p.add_argument("--requantize", default=None, choices=["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"],
@@ -153,12 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("monitor", help="watch a serving engine's draft acceptance (its /metrics) and say when the "
                                        "drafter needs retraining")
     p.add_argument("url", help="the server, e.g. http://127.0.0.1:8080 (llama-server started with --metrics, or vLLM)")
-    p.add_argument("--baseline", required=True,
-                   help="acceptance rate (accepted / drafted tokens) measured when the drafter was deployed")
-    p.add_argument("--tolerance", default=None, help="relative drop that calls for retraining (default: 0.15)")
-    p.add_argument("--window", default=None, help="polls the rate is taken over (default: 20)")
-    p.add_argument("--interval", default=None, help="seconds between polls (default: 30)")
-    p.add_argument("--polls", default=None, help="stop after this many polls (default: never)")
+    _setting_flags(p, RetrainRule)
+    _setting_flags(p, MonitorConfig)
     p.set_defaults(handler=cmd_monitor, parser=p)
 
     p = sub.add_parser("profile", help="time the target's verify forwards and the drafters' costs on this machine")
@@ -177,9 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace a previous export of the same format in --out")
     p.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp32"],
                    help="cast the weights (default: as saved, fp32 master weights)")
-    p.add_argument("--speculative-tokens", default=None,
-                   help="draft length written where the engine's config takes one (default: the length it was "
-                        "trained for)")
+    _setting_flags(p, ExportConfig)
     p.set_defaults(handler=cmd_export, parser=p)
 
     p = sub.add_parser("engine", help="build a serving engine that runs on this machine (llama.cpp), and measure "
@@ -193,14 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine_eval.add_argument("engine", choices=["llama.cpp"], help="the engine (built once from PyPI's source)")
     engine_eval.add_argument("drafters", nargs="+", help="EAGLE-3 drafter or run folders")
     engine_eval.add_argument("--target", default=None, help="the target's GGUF (default: the drafter's target)")
-    _prompt_args(engine_eval)
-    engine_eval.add_argument("--draft-tokens", default=None, metavar="N[,N...]",
-                             help="comma-separated draft lengths (default: 2,3,4,5)")
-    engine_eval.add_argument("--draft-p-min", dest="p_mins", default=None, metavar="P[,P...]",
-                             help="comma-separated confidence floors: llama.cpp stops a draft at a token the drafter "
-                                  "gives less than this probability (default: 0, always the full length)")
-    engine_eval.add_argument("--no-ngram", dest="ngram", action="store_const", const=False, default=None,
-                             help="skip llama.cpp's n-gram modes")
+    _setting_flags(engine_eval, EngineEvalConfig)
     engine_eval.add_argument("--out", default=None, help="report folder (default: a timestamped folder)")
     engine_eval.set_defaults(handler=cmd_engine_eval, parser=engine_eval)
 
@@ -226,23 +185,59 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, metavar="FILE", help="the recipe, as a flag (instead of RECIPE)")
 
 
-def _prompt_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", default=None, help="humaneval, mt-bench (80 two-turn questions, 8 categories), gsm8k "
-                                                   "(1,319 test problems), math-500, tasks (8 task kinds x 10, "
-                                                   "multi-turn and passages), long (22 passage prompts of 4 kinds, "
-                                                   "120-1,830 tokens), a local file, or a hub dataset (default: "
-                                                   "humaneval)")
-    p.add_argument("--limit", default=None, help="at most this many prompts (default: 20)")
-    p.add_argument("--max-new-tokens", default=None, help="tokens generated per prompt (default: 128)")
-    # the target's settings in our loop; unset, they are the ones the drafter was trained with (its config.json)
-    p.add_argument("--dtype", default=None, choices=["auto", "bf16", "fp16", "fp32"],
-                   help="the target's dtype in our loop (default: the drafter's recipe's, else auto: bf16 where the "
-                        "hardware has native bf16)")
-    p.add_argument("--device", default=None, help="the target's device: auto, cpu, cuda, cuda:N or mps (default: the "
-                                                  "drafter's recipe's where this machine has it, else auto)")
-    p.add_argument("--chat-template", default=None, metavar="TEMPLATE_OR_FILE",
-                   help="Jinja chat template or .jinja file for a target without one (default: the one the drafter "
-                        "was trained with)")
+def _setting_flags(parser: argparse.ArgumentParser, config_class, only: tuple[str, ...] | None = None) -> None:
+    """A flag for each setting of `config_class` that one sets (the field's metadata names it), or for those in
+    `only`: its help, choices and metavar read from the field, the one place the setting is declared. No default or
+    type of its own: an unset flag leaves the setting to the recipe or the class, and `_flag_values` reads a given
+    one as the setting's type, for the class to check."""
+    hints = typing.get_type_hints(config_class)
+    for f in dataclasses.fields(config_class):
+        flag = f.metadata.get("flag")
+        if flag and (only is None or f.name in only):
+            parser.add_argument(flag, dest=f.name, default=None, help=_flag_help(f, hints[f.name]),
+                                **_flag_form(f, hints[f.name]))
+
+
+def _flag_form(f: dataclasses.Field, hint) -> dict:
+    """How argparse takes the flag: a switch for a true/false setting (it sets the other value than the default),
+    the options a Literal type or the field's `choices` list, a metavar saying a list is comma-separated, and the
+    value of a flag given alone (`bare`)."""
+    meta = f.metadata
+    if hint is bool:
+        return {"action": "store_const", "const": not f.default}
+    form = {"required": True} if meta.get("required") else {}
+    if "bare" in meta:
+        form.update(nargs="?", const=meta["bare"])
+    options = meta.get("choices") or _literal_options(hint)
+    if options:
+        form["choices"] = list(options)
+    metavar = meta.get("metavar")
+    if typing.get_origin(hint) is list:
+        metavar = metavar or f.name.upper()
+        form["metavar"] = f"{metavar}[,{metavar}...]"
+    elif metavar:
+        form["metavar"] = metavar
+    return form
+
+
+def _literal_options(hint) -> tuple:
+    """The values of a Literal type, optional or not; () for any other type."""
+    options = ([a for a in typing.get_args(hint) if a is not type(None)]
+               if typing.get_origin(hint) in (typing.Union, types.UnionType) else [hint])
+    return typing.get_args(options[0]) if len(options) == 1 and typing.get_origin(options[0]) is typing.Literal else ()
+
+
+def _flag_help(f: dataclasses.Field, hint) -> str:
+    """The field's doc, with its default (argparse formats help with %, so a % in the doc is doubled)."""
+    text = f.metadata["doc"] + (", comma-separated" if typing.get_origin(hint) is list else "")
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    if hint is bool:
+        text = text if default is False else f"turn off: {text}"
+    elif "bare" in f.metadata:
+        text += f" (given alone: {f.metadata['bare']})"
+    elif default is not None and not f.metadata.get("required"):
+        text += f" (default: {','.join(map(str, default)) if isinstance(default, list) else default})"
+    return text.replace("%", "%%")
 
 
 def _recipe_name(args) -> str:
@@ -298,23 +293,17 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from draftheads.evaluation.eval_config import EvalConfig
     from draftheads.evaluation.evaluate import run_eval
-    from draftheads.evaluation.presets import PRESET_ACCEPT, PRESET_BATCH_SIZES, PRESET_TEMPERATURES
     from draftheads.evaluation.saved_runs import saved_eval_settings
 
-    base = saved_eval_settings(args.drafters)
-    if args.preset is not None:   # the preset replaces what the recipe's eval section set; flags still conflict
-        base = dataclasses.replace(base, tree=None, accept=list(PRESET_ACCEPT), temperatures=list(PRESET_TEMPERATURES),
-                                   batch_sizes=list(PRESET_BATCH_SIZES))
-    config = _with_flags(base, EvalConfig, args)
+    # a preset flag replaces what the recipe's eval section set for the draft; other flags given with it are checked
+    config = _with_flags(saved_eval_settings(args.drafters).under_preset(args.preset), EvalConfig, args)
     run_eval(args.drafters, config, target=args.target, out=args.out)
     return 0
 
 
 def cmd_drift(args) -> int:
-    from draftheads.drift.drift import DriftConfig, run_drift
-    from draftheads.evaluation.eval_config import EvalConfig
+    from draftheads.drift.drift import run_drift
     from draftheads.evaluation.saved_runs import saved_eval_settings
 
     rows = _from_flags(DriftConfig, args).rows
@@ -328,7 +317,7 @@ def cmd_update_target(args) -> int:
     from pathlib import Path
 
     from draftheads.core.targets import ALIASES, embedded_gguf
-    from draftheads.drift.target_update import UpdateConfig, update_target
+    from draftheads.drift.target_update import update_target
     from draftheads.interop.gguf_targets import convert_to_gguf, requantize_gguf
 
     config = _from_flags(UpdateConfig, args)   # every flag checked, --requantize or not
@@ -351,7 +340,7 @@ def cmd_update_target(args) -> int:
 
 def cmd_monitor(args) -> int:
     """Exit status 3 when the rule fired: a script or a scheduler can start the retraining on it."""
-    from draftheads.drift.acceptance_monitor import MonitorConfig, RetrainRule, watch
+    from draftheads.drift.acceptance_monitor import watch
 
     rule = _from_flags(RetrainRule, args)
     polling = _from_flags(MonitorConfig, args)
@@ -364,7 +353,6 @@ def cmd_monitor(args) -> int:
 
 def cmd_engine_eval(args) -> int:
     from draftheads.evaluation.engine_eval import run_engine_eval
-    from draftheads.evaluation.eval_config import EngineEvalConfig
     from draftheads.evaluation.saved_runs import saved_eval_settings
 
     saved = saved_eval_settings(args.drafters)   # its prompts and target settings, as our own loop would take them
@@ -393,35 +381,8 @@ def _flag_values(config_class, args) -> dict:
     for f in dataclasses.fields(config_class):
         flag, value = f.metadata.get("flag"), getattr(args, f.name, None)
         if flag and value is not None:
-            given[f.name] = convert(_typed(value, hints[f.name], flag), hints[f.name], flag)
+            given[f.name] = from_text(value, hints[f.name], flag)
     return given
-
-
-def _typed(value, hint, flag: str):
-    """A flag's text as YAML reads it (a list from comma-separated items); text stays text where the setting
-    takes it."""
-    if not isinstance(value, str):
-        return value
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) is list:
-        return [item if args[0] is str else _yaml(item, flag) for item in _split(value)]
-    if typing.get_origin(hint) is typing.Literal:
-        return value   # checked against its options, with a suggestion
-    options = [a for a in args if a is not type(None)]
-    literals = [a for a in options if typing.get_origin(a) is typing.Literal]
-    named = {option for literal in literals for option in typing.get_args(literal)}
-    # text where the setting takes text, or names one of its options ('auto' of `int | Literal["auto"]`)
-    takes_text = hint is str or str in args or value in named or (literals and len(literals) == len(options))
-    return value if takes_text else _yaml(value, flag)
-
-
-def _yaml(text: str, flag: str):
-    """Text as YAML reads it (a yes/no read as a boolean noted); what YAML cannot read ('[1') stays text, for the
-    setting's type to refuse in one line."""
-    try:
-        return load_yaml(text, flag)
-    except yaml.YAMLError:
-        return text
 
 
 def cmd_profile(args) -> int:
@@ -432,7 +393,7 @@ def cmd_profile(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from draftheads.interop.export import ExportConfig, export_drafter
+    from draftheads.interop.export import export_drafter
 
     settings = _from_flags(ExportConfig, args)
     folder = export_drafter(args.source, args.format, args.out, target=args.target, overwrite=args.overwrite,
@@ -454,12 +415,8 @@ def cmd_engine_install(args) -> int:
 def cmd_demo(args) -> int:
     from draftheads.demo import run_demo
 
-    run_demo(args.out, heads=_split(args.heads))
+    run_demo(args.out, heads=split_items(args.heads))
     return 0
-
-
-def _split(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 if __name__ == "__main__":

@@ -243,17 +243,17 @@ def test_every_numeric_flag_is_checked_as_its_setting_before_any_work(args, expe
     assert err.startswith("error: ") and expected in err and "\n" not in err and ("; " in err or " must " in err)
 
 
-def test_a_setting_s_flag_has_its_default_in_the_settings_class_alone():
-    """Each flag that sets a field is declared once on the parser, with no default or type of its own: the
-    dataclass holds the default and the check, so the two cannot drift apart."""
+def test_a_setting_s_flag_is_built_from_its_field_alone():
+    """Each flag that sets a field is built from the field (its name, doc and choices), with no default or type of
+    its own: the dataclass holds the default and the check, so the two cannot drift apart."""
     import argparse
+    import typing
 
     from draftheads.cli import build_parser
     from draftheads.drift.acceptance_monitor import MonitorConfig, RetrainRule
-    from draftheads.drift.drift import DriftConfig
-    from draftheads.drift.target_update import UpdateConfig
+    from draftheads.drift.drift_config import DriftConfig, UpdateConfig
     from draftheads.evaluation.eval_config import EngineEvalConfig, EvalConfig
-    from draftheads.interop.export import ExportConfig
+    from draftheads.interop.export_config import ExportConfig
 
     def commands(parser):
         for action in parser._actions:
@@ -276,6 +276,26 @@ def test_a_setting_s_flag_has_its_default_in_the_settings_class_alone():
                     action = actions[f.name]
                     assert flag in action.option_strings, (command, f.name)
                     assert action.default is None and action.type is None, (command, flag)
+                    assert f.metadata["doc"].replace("%", "%%") in action.help, (command, flag)
+                    if f.name in ("dtype", "combined", "method"):   # Literal settings: their options as choices
+                        hint = typing.get_type_hints(cls)[f.name]
+                        literal = next(a for a in (hint, *typing.get_args(hint))
+                                       if typing.get_origin(a) is typing.Literal)
+                        assert action.choices == list(typing.get_args(literal)), (command, flag)
+
+
+def test_every_command_s_help_imports_no_torch():
+    """The flags are built from the settings classes, which are plain Python: `--help` of every command stays quick."""
+    code = ("import sys, contextlib, io\nfrom draftheads.cli import main\n"
+            "for command in (['eval'], ['drift'], ['engine', 'eval'], ['update-target'], ['monitor'], ['export'],\n"
+            "                ['profile'], ['recipe', 'show']):\n"
+            "    with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            "        try:\n            main([*command, '--help'])\n        except SystemExit:\n            pass\n"
+            "    assert 'usage: draftheads ' + ' '.join(command) in out.getvalue(), command\n"
+            "heavy = sorted(m for m in ('torch', 'transformers', 'accelerate', 'datasets') if m in sys.modules)\n"
+            "assert not heavy, heavy\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def test_a_yes_given_to_a_flag_is_noted_before_it_is_refused(capsys):

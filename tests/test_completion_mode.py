@@ -11,6 +11,7 @@ import pytest
 
 from draftheads.data.datagen import run_data
 from draftheads.data.datastore import load_rows
+from draftheads.decoding.settings import DecodeSettings
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
 from draftheads.evaluation.saved_runs import load_eval_target
@@ -53,7 +54,7 @@ def test_eval_renders_prompts_as_the_data_did(base_run):
     assert info["data_mode"] == "completion"
     rows = load_rows(recipe.data_dir).with_format(None)
     written = [json.loads(line)["turns"] for line in (recipe.data_dir / "prompts.jsonl").read_text().splitlines()]
-    settings = EvalSettings(max_new_tokens=8, max_length=64, stop_ids=[tokenizer.eos_token_id])
+    settings = EvalSettings(DecodeSettings(max_new_tokens=8, eos_token_id=[tokenizer.eos_token_id]), max_length=64)
     for ids, mask, pid in zip(rows["input_ids"], rows["loss_mask"], rows["prompt_id"]):
         prompt = first_chat(tokenizer, Conversation(pid, written[pid], None), settings).input_ids
         assert ids[: mask.index(1)] == prompt == tokenizer(written[pid][0])["input_ids"]

@@ -3,8 +3,10 @@
 `build(cls, data, where)` turns a mapping into a dataclass, rejecting unknown keys
 with a "did you mean" suggestion and wrong types with a one-line error; each class
 checks its own values in `__post_init__` with `check(...)`. Fields carry their docs
-in `metadata["doc"]` (see `doc(...)`), so `recipe show` can explain them. `load_yaml` reads what a person
-wrote (a recipe, an override, a flag) and says where YAML 1.1 turned a word into a boolean.
+in `metadata["doc"]` (see `doc(...)`), so `recipe show` can explain them, and the
+command-line flag that sets them in `metadata["flag"]` (the CLI builds each flag from its
+field and reads its text with `from_text`). `load_yaml` reads what a person wrote (a recipe,
+an override, a flag) and says where YAML 1.1 turned a word into a boolean.
 """
 
 from __future__ import annotations
@@ -28,6 +30,20 @@ def doc(default: Any, text: str, **more: Any) -> Any:
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda d=default: _copy(d), metadata={"doc": text, **more})
     return dataclasses.field(default=default, metadata={"doc": text, **more})
+
+
+def same_as(cls: type, name: str, **more: Any) -> Any:
+    """A field declared as dataclass `cls`'s field `name` is: its default, doc and metadata (`more` added), so a
+    setting two settings classes take is declared once."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    metadata = {**f.metadata, **more}
+    return doc(default, metadata.pop("doc"), **metadata)
+
+
+def flag_of(cls: type, name: str) -> str | None:
+    """The command-line flag that sets dataclass `cls`'s field `name` (its metadata's; None: no flag sets it)."""
+    return next(f for f in dataclasses.fields(cls) if f.name == name).metadata.get("flag")
 
 
 def _copy(value: Any) -> Any:
@@ -125,6 +141,42 @@ def convert(value: Any, hint: Any, where: str) -> Any:
 
 
 KINDS_OF_VALUE = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}
+
+
+def from_text(text: Any, hint: Any, where: str) -> Any:
+    """A value of type `hint` from what a person typed on a command line, read as YAML reads a recipe's value (a
+    list from comma-separated items), then checked by `convert`; text stays text where the type takes it."""
+    return convert(_typed(text, hint, where), hint, where)
+
+
+def _typed(value: Any, hint: Any, where: str) -> Any:
+    if not isinstance(value, str):
+        return value
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is list:
+        return [item if args[0] is str else _yaml(item, where) for item in split_items(value)]
+    if typing.get_origin(hint) is Literal:
+        return value   # checked against its options, with a suggestion
+    options = [a for a in args if a is not type(None)]
+    literals = [a for a in options if typing.get_origin(a) is Literal]
+    named = {option for literal in literals for option in typing.get_args(literal)}
+    # text where the setting takes text, or names one of its options ('auto' of `int | Literal["auto"]`)
+    takes_text = hint is str or str in args or value in named or (literals and len(literals) == len(options))
+    return value if takes_text else _yaml(value, where)
+
+
+def _yaml(text: str, where: str) -> Any:
+    """Text as YAML reads it (a yes/no read as a boolean noted); what YAML cannot read ('[1') stays text, for the
+    setting's type to refuse in one line."""
+    try:
+        return load_yaml(text, where)
+    except yaml.YAMLError:
+        return text
+
+
+def split_items(text: str) -> list[str]:
+    """'a, b,,c' -> ['a', 'b', 'c']."""
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def _name(hint: Any) -> str:

@@ -1,4 +1,4 @@
-"""Draft trees: index paths -> parents, depths, attention mask, position ids.
+"""Draft trees: index paths -> parents, depths, ranks and children; the one tree-spec parser.
 
 A tree is given by index paths, the form Medusa and EAGLE use: (0,) is the top-1 child of
 the root, (0, 1) the top-2 child of that node, and so on. Node 0 is always the root (the
@@ -9,6 +9,9 @@ What users write (`--tree`, a recipe's `default_tree` or `eval.tree`, the API's 
 `parse_tree`, the one parser: a static `Tree`, an EAGLE-2 `DynamicTreeSpec` the drafter grows each
 step, or an `AutoTreeSpec` that `draftheads eval` fits to each drafter. Tree and DynamicTreeSpec
 both answer `depth` (draft levels) and `num_nodes` (root included; at most, for a dynamic tree).
+
+A tree here is its shape alone, in plain Python: settings that name one are checked without torch (the CLI's
+flags among them). The tensors verification indexes with are built from it in decoding/tree_tensors.py.
 """
 
 from __future__ import annotations
@@ -16,8 +19,6 @@ from __future__ import annotations
 import ast
 import functools
 from dataclasses import dataclass, field
-
-import torch
 
 from draftheads.core.errors import DraftheadsError
 
@@ -101,58 +102,8 @@ class Tree:
         return out[::-1]
 
     @functools.cached_property
-    def ancestor_matrix(self) -> torch.Tensor:
-        """[N, N] bool: row i sees column j iff j is i or an ancestor of i."""
-        m = torch.zeros(self.num_nodes, self.num_nodes, dtype=torch.bool)
-        for i in range(self.num_nodes):
-            m[i, self.ancestors(i)] = True
-        return m
-
-    @functools.cached_property
-    def depth_tensor(self) -> torch.Tensor:
-        return torch.tensor(self.depths, dtype=torch.long)
-
-    @functools.cached_property
     def leaves(self) -> tuple[int, ...]:
         return tuple(i for i in range(self.num_nodes) if not self.children[i])
-
-    @functools.cached_property
-    def retrieve_indices(self) -> torch.Tensor:
-        """[num_leaves, depth + 1] node indices of each root-to-leaf path, padded with -1."""
-        out = torch.full((len(self.leaves), self.depth + 1), -1, dtype=torch.long)
-        for row, leaf in enumerate(self.leaves):
-            path = self.ancestors(leaf)
-            out[row, : len(path)] = torch.tensor(path)
-        return out
-
-    @functools.cached_property
-    def parent_tensor(self) -> torch.Tensor:
-        """[N] parent of each node (root: -1)."""
-        return torch.tensor(self.parents, dtype=torch.long)
-
-    @functools.cached_property
-    def children_table(self) -> torch.Tensor:
-        """[N, W] children of each node by sibling order, padded with -1 (W = widest node, at least 1)."""
-        width = max(1, max(len(c) for c in self.children))
-        out = torch.full((self.num_nodes, width), -1, dtype=torch.long)
-        for node, kids in enumerate(self.children):
-            out[node, : len(kids)] = torch.tensor(kids, dtype=torch.long)
-        return out
-
-    def attention_mask(self, prefix_len: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
-        """[1, 1, N, prefix_len + N] additive mask: 0 where visible, dtype-min elsewhere.
-
-        Every node sees the whole prefix (the KV cache) and its own ancestors.
-        """
-        # built where it is used: no host-to-device copy of a [N, prefix + N] mask every step
-        ancestors = self.ancestor_matrix.to(device)
-        visible = torch.cat([torch.ones(self.num_nodes, prefix_len, dtype=torch.bool, device=device), ancestors], dim=1)
-        mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(~visible, torch.finfo(dtype).min)
-        return mask[None, None]
-
-    def position_ids(self, prefix_len: int, device=None) -> torch.Tensor:
-        """[1, N] positions prefix_len + depth."""
-        return (self.depth_tensor + prefix_len)[None].to(device)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ on this machine (costmodel/profile.py)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -15,7 +16,7 @@ from draftheads.costmodel.cost_model import fastest_tree
 from draftheads.costmodel.profile import drafter_profile, folder_fingerprint
 from draftheads.decoding.gate import GateCosts, LearnedGate, gate_costs, measured_costs
 from draftheads.decoding.stats import GenerationStats
-from draftheads.measurement.conversations import EvalSettings, first_chat
+from draftheads.measurement.conversations import Conversation, EvalSettings, first_chat
 from draftheads.measurement.entries import Entry, copier_entry, describe_tree, learned_source
 from draftheads.measurement.measure import RunConfig, generate_conversations
 
@@ -23,9 +24,31 @@ from draftheads.measurement.measure import RunConfig, generate_conversations
 COMB_WIDTH, COMB_DEPTH = 8, 6
 
 
-def profile_entry(model, tokenizer, entry: Entry, calibration, settings: EvalSettings):
+@dataclass
+class Calibration:
+    """What an evaluation fits on before its measured runs: the target, the calibration prompts decoded with the
+    evaluation's settings, the machine's cost profile (costmodel/profile.py) and the evaluated prompts' lengths in
+    tokens (the contexts the costs are predicted at)."""
+
+    model: object
+    tokenizer: object
+    conversations: list[Conversation]
+    settings: EvalSettings
+    profile: object = None
+    lengths: list[int] = field(default_factory=list)
+
+    def runs(self, entry: Entry | None, cfg: RunConfig, conversations: list[Conversation] | None = None,
+             max_new_tokens: int | None = None):
+        """`entry` (None: plain decoding) answering the calibration prompts (or `conversations`) under `cfg`, one
+        batch: measure.generate_conversations."""
+        return generate_conversations(self.model, self.tokenizer, self.conversations if conversations is None
+                                      else conversations, entry, cfg, self.settings, max_new_tokens=max_new_tokens)
+
+
+def profile_entry(cal: Calibration, entry: Entry):
     """The drafter's cached cost profile (draft time per level and per node), timed on the first calibration prompt."""
-    prompt = torch.tensor(first_chat(tokenizer, calibration[0], settings).input_ids, device=model.device)
+    model = cal.model
+    prompt = torch.tensor(first_chat(cal.tokenizer, cal.conversations[0], cal.settings).input_ids, device=model.device)
     folder = entry.info.get("folder")
     key = {"drafter": entry.name, "kind": entry.kind, "folder": folder_fingerprint(Path(folder)) if folder else None,
            "lookup_depth": entry.drafter.lookup_depth if entry.kind == "combined" else None,
@@ -39,8 +62,7 @@ def comb_tree(width: int, depth: int) -> Tree:
     return Tree.from_paths([(0,) * d + (r,) for d in range(depth) for r in range(width)])
 
 
-def fit_auto_trees(model, tokenizer, entries: list[Entry], calibration, settings: EvalSettings, spec: AutoTreeSpec,
-                   profile, lengths: list[int]) -> None:
+def fit_auto_trees(cal: Calibration, entries: list[Entry], spec: AutoTreeSpec) -> None:
     """Give each learned drafter a static tree of at most `spec.budget` nodes fitted to its per-depth, per-rank
     accuracies, measured with greedy decoding on the calibration prompts (Medusa's recipe): the one with the
     highest predicted tokens/s on this machine (objective 'speed'), or the one with the most expected tokens per
@@ -52,15 +74,14 @@ def fit_auto_trees(model, tokenizer, entries: list[Entry], calibration, settings
         # Medusa and MTP cannot draft deeper than their heads / modules
         comb = comb_tree(COMB_WIDTH, min(COMB_DEPTH, entry.draft_limit or COMB_DEPTH))
         probe = Entry(entry.name, entry.kind, entry.drafter, comb, comb.depth)
-        runs = [generate_conversations(model, tokenizer, [c], probe, RunConfig("greedy", 0.0), settings)[0]
-                for c in calibration]
+        runs = [cal.runs(probe, RunConfig("greedy", 0.0), [c])[0] for c in cal.conversations]
         table = [row + [0.0] * (COMB_WIDTH - len(row))
                  for row in GenerationStats.merged(r.stats for r in runs).rank_accuracy]
         try:
             if spec.objective == "speed":
-                costs = profile_entry(model, tokenizer, entry, calibration, settings)
-                tree, figures = fastest_tree(profile, costs, table or [[0.0]], lengths, settings.max_new_tokens,
-                                             max_budget=budget)
+                costs = profile_entry(cal, entry)
+                tree, figures = fastest_tree(cal.profile, costs, table or [[0.0]], cal.lengths,
+                                             cal.settings.decode.max_new_tokens, max_budget=budget)
                 note = (f"auto:{budget} -> {tree.num_nodes - 1} nodes (predicted {figures['tau']:.2f} tokens/forward, "
                         f"{figures['speedup']:.2f}x)")
             else:
@@ -79,8 +100,7 @@ def fit_auto_trees(model, tokenizer, entries: list[Entry], calibration, settings
             entry.info.update(tree=f"{source.info['tree']} + {entry.info['copied']}")
 
 
-def price_gates(model, tokenizer, entries: list[Entry], calibration, settings: EvalSettings, profile,
-                lengths: list[int]) -> None:
+def price_gates(cal: Calibration, entries: list[Entry]) -> None:
     """Give each gated combination (decoding/gate.py) the cost of its learned tree on this machine: the steps of
     prompt lookup alone and of the combination drafting the learned tree every step, timed on the calibration
     prompts (the profile's estimate at the evaluated prompts' mean context where a situation never came up)."""
@@ -89,19 +109,19 @@ def price_gates(model, tokenizer, entries: list[Entry], calibration, settings: E
         return
 
     def timed(entry: Entry) -> GenerationStats:   # one prompt at a time: a batch shares its steps' time among rows
-        return GenerationStats.merged(generate_conversations(model, tokenizer, [c], entry, RunConfig("greedy", 0.0),
-                                                             settings)[0].stats for c in calibration)
+        return GenerationStats.merged(cal.runs(entry, RunConfig("greedy", 0.0), [c])[0].stats
+                                      for c in cal.conversations)
 
     alone = {copier: timed(copier_entry(entries, entry)) for copier, entry in
              {entry.info["copier"]: entry for entry in gated}.items()}
-    context = sum(lengths) / max(1, len(lengths)) + settings.max_new_tokens / 2
+    context = sum(cal.lengths) / max(1, len(cal.lengths)) + cal.settings.decode.max_new_tokens / 2
     for entry in gated:
         source = learned_source(entries, entry)
         used = source.used_tree
         estimated = []
 
         def estimate() -> GateCosts:   # called only for a situation the calibration prompts never met
-            estimated.append(gate_costs(profile, profile_entry(model, tokenizer, source, calibration, settings),
+            estimated.append(gate_costs(cal.profile, profile_entry(cal, source),
                                         used.num_nodes, used.depth, entry.drafter.copy_nodes, context))
             return estimated[-1]
 

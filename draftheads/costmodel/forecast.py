@@ -22,13 +22,13 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from draftheads.costmodel.calibration import Calibration
 from draftheads.costmodel.cost_model import StepShape, predict
 from draftheads.costmodel.earlier_report import EarlierReport
 from draftheads.costmodel.profile import rule_setting
 from draftheads.decoding.stats import GenerationStats
-from draftheads.measurement.conversations import EvalSettings
 from draftheads.measurement.entries import Entry
-from draftheads.measurement.measure import RunConfig, generate_conversations
+from draftheads.measurement.measure import RunConfig
 
 UNIT_TOKENS = 32   # plain decode steps timed right before each drafter's calibration runs: the unit of its costs
 # Student's t at 97.5% (a two-sided 95% range) by degrees of freedom; past the table, the normal 1.96
@@ -117,22 +117,21 @@ def cost_error(profile, stats: GenerationStats, plain: GenerationStats, setting:
     return (stats.mean_draft_s + stats.mean_verify_s) / unit / expected - 1
 
 
-def predict_entries(model, tokenizer, entries: list[Entry], configs: list[RunConfig], calibration,
-                    settings: EvalSettings, profile, lengths: list[int], earlier: EarlierReport | None = None,
-                    kinds: list[str] | None = None, batch=None) -> dict:
-    """(drafter, rule, temperature) -> its Forecast. kinds: each evaluated prompt's task kind (lengths' order);
+def predict_entries(cal: Calibration, entries: list[Entry], configs: list[RunConfig],
+                    earlier: EarlierReport | None = None, kinds: list[str] | None = None, batch=None) -> dict:
+    """(drafter, rule, temperature) -> its Forecast. kinds: each evaluated prompt's task kind (cal.lengths' order);
     batch: the target's BatchProfile, for predictions at batch size > 1."""
     out = {}
+    calibration, profile, lengths, shared = cal.conversations, cal.profile, cal.lengths, cal.settings.decode
     for cfg in configs:
-        setting = rule_setting(cfg.rule, cfg.temperature, settings.top_k, settings.top_p)
-        plain_setting = rule_setting("strict" if cfg.sampled else "greedy", cfg.temperature, settings.top_k,
-                                     settings.top_p)
+        setting = rule_setting(cfg.rule, cfg.temperature, shared.top_k, shared.top_p)
+        plain_setting = rule_setting("strict" if cfg.sampled else "greedy", cfg.temperature, shared.top_k,
+                                     shared.top_p)
         for entry in entries:
             # a few plain decode steps right before each drafter's runs: their time is the unit of its draft costs
-            plain = generate_conversations(model, tokenizer, calibration[:1], None, RunConfig(
-                "greedy" if not cfg.sampled else "strict", cfg.plain_key), settings,
-                max_new_tokens=UNIT_TOKENS)[0].stats
-            each = [r.stats for r in generate_conversations(model, tokenizer, calibration, entry, cfg, settings)]
+            plain = cal.runs(None, RunConfig("greedy" if not cfg.sampled else "strict", cfg.plain_key), calibration[:1],
+                             max_new_tokens=UNIT_TOKENS)[0].stats
+            each = [r.stats for r in cal.runs(entry, cfg)]
             stats = GenerationStats.merged(each)
             if not (stats.steps and plain.steps):
                 continue

@@ -34,10 +34,10 @@ from draftheads.core.targets import cache_dir
 from draftheads.core.tree import Tree
 from draftheads.core.version import __version__
 from draftheads.data.hardware import environment
-from draftheads.decoding.accept import accept
+from draftheads.decoding.accept import accept, target_warp
 from draftheads.decoding.decoder import clock
 from draftheads.decoding.generate import speculative_generate
-from draftheads.decoding.settings import decode_settings
+from draftheads.decoding.settings import DecodeSettings, applied_rule
 from draftheads.decoding.verify import compact_cache, new_cache, prefill, verify
 
 PROFILE_VERSION = 4
@@ -118,9 +118,10 @@ class TargetProfile:
         return interpolate(self.queries, self.rule_s[setting], nodes) if setting in self.rule_s else 0.0
 
 
-def rule_setting(rule: str, temperature: float, top_k: int = 0, top_p: float = 1.0) -> str:
-    """The name a rule's cost is stored under. At T = 0 every rule is the greedy rule (generate.decode_settings)."""
-    if rule == "greedy" or temperature == 0:
+def rule_setting(rule: str, temperature: float, top_k: int = DecodeSettings.top_k,
+                 top_p: float = DecodeSettings.top_p) -> str:
+    """The name a rule's cost is stored under. At T = 0 every rule is the greedy rule (settings.applied_rule)."""
+    if applied_rule(rule, temperature) == "greedy":
         return "greedy"
     return f"{rule} T={temperature:g} k={top_k} p={top_p:g}"
 
@@ -282,7 +283,8 @@ def measure_rule(model, setting: str, rule: str, temperature: float, top_k: int,
                  queries=QUERIES, repeats: int = REPEATS) -> list[float]:
     """What `setting` adds to a step over n nodes: warping the [n, V] logits and running the rule."""
     vocab = model.config.get_text_config(decoder=True).vocab_size
-    settings = decode_settings(model, rule, temperature, top_k, top_p, 1, [], 0.09, 0.3)
+    settings = DecodeSettings(rule, temperature, top_k, top_p, max_new_tokens=1, eos_token_id=[])
+    warp = target_warp(settings)
     generator = torch.Generator().manual_seed(0)
     out = []
     for n in queries:
@@ -290,11 +292,12 @@ def measure_rule(model, setting: str, rule: str, temperature: float, top_k: int,
         logits = (3 * torch.randn(1, n, vocab, generator=generator)).to(model.device, model.dtype)
         tokens = torch.arange(n, device=model.device)[None] % vocab   # distinct siblings, as drafted
         q = None
-        if settings.rule != "greedy":
+        if settings.applied_rule != "greedy":
             q = torch.softmax(torch.randn(1, n, vocab, generator=generator), -1).to(model.device)
 
         def run():
-            accept(settings.rule, tree, tokens, logits, q, generator, epsilon=0.09, delta=0.3, warp=settings.warp)
+            accept(settings.applied_rule, tree, tokens, logits, q, generator, epsilon=settings.typical_epsilon,
+                   delta=settings.typical_delta, warp=warp)
 
         def greedy_pick():   # already counted in the forward's time
             logits.max(-1)

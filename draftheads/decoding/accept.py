@@ -34,10 +34,10 @@ from typing import Callable
 
 import torch
 
-from draftheads.core.config import suggest
-from draftheads.core.errors import DraftheadsError
-from draftheads.core.sampling import sample, top1
+from draftheads.core.sampling import sample, top1, warp_probs
 from draftheads.core.tree import Tree
+from draftheads.decoding.settings import DecodeSettings, check_rule
+from draftheads.decoding.tree_tensors import children_table, parent_tensor, retrieve_indices
 
 
 @dataclass
@@ -58,8 +58,8 @@ def accept(
     q: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     *,
-    epsilon: float = 0.09,
-    delta: float = 0.3,
+    epsilon: float = DecodeSettings.typical_epsilon,
+    delta: float = DecodeSettings.typical_delta,
     warp: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> Acceptance:
     """Run the rule named `rule` (a key of RULES). warp: p is raw logits, and the rule warps only the nodes it
@@ -71,17 +71,18 @@ def accept(
     return RULES[check_rule(rule)](tree, tokens, p, q, generator, epsilon, delta)
 
 
-def check_rule(rule: str, setting: str | None = None) -> str:
-    """`rule` if it names an acceptance rule, else a one-line error naming them (`setting`: e.g. 'eval.accept')."""
-    if rule not in RULES:
-        what = f"{setting}: unknown acceptance rule" if setting else "unknown acceptance rule"
-        raise DraftheadsError(f"{what} '{rule}'{suggest(str(rule), RULES)}; use {', '.join(RULES)}")
-    return rule
+def target_warp(settings: DecodeSettings) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """How the target's logits become the p that `settings`' rule reads: warped by temperature, top-k and top-p
+    exactly as plain sampling does; None for the greedy rule, which reads only the argmax that all three keep
+    (warping [N, V] for it would add to every verify step)."""
+    if settings.applied_rule == "greedy":
+        return None
+    return lambda logits: warp_probs(logits, settings.temperature, settings.top_k, settings.top_p)
 
 
 def parent_values(tree: Tree, tokens: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """[b, N]: p of each node's parent at the node's token (root: 1)."""
-    parents = tree.parent_tensor.to(tokens.device).clamp(min=0)
+    parents = parent_tensor(tree).to(tokens.device).clamp(min=0)
     rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
     out = p[rows, parents[None, :], tokens]
     out[:, 0] = 1.0
@@ -91,7 +92,7 @@ def parent_values(tree: Tree, tokens: torch.Tensor, p: torch.Tensor) -> torch.Te
 def longest_path(tree: Tree, ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """ok: [b, N] per-node pass/fail -> (path [b, D+1] padded -1, num_accepted [b]) of the longest
     all-pass root path; ties go to the first leaf in node order (lower sibling ranks)."""
-    paths = tree.retrieve_indices.to(ok.device)                      # [L, D+1]
+    paths = retrieve_indices(tree).to(ok.device)                      # [L, D+1]
     passed = ok[:, paths.clamp(min=0)] & (paths >= 0)                # [b, L, D+1]
     passed[:, :, 0] = True
     lengths = passed.long().cumprod(-1).sum(-1)                      # [b, L] nodes on the path, root included
@@ -110,7 +111,7 @@ def last_node(path: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
 
 def accept_greedy(tree: Tree, tokens: torch.Tensor, p: torch.Tensor) -> Acceptance:
     argmax = top1(p)                                                  # [b, N]
-    parents = tree.parent_tensor.to(tokens.device).clamp(min=0)
+    parents = parent_tensor(tree).to(tokens.device).clamp(min=0)
     ok = tokens == argmax[:, parents]
     path, n = longest_path(tree, ok)
     rows = torch.arange(tokens.shape[0], device=tokens.device)
@@ -123,10 +124,10 @@ def typical_threshold(p: torch.Tensor, epsilon: float, delta: float) -> torch.Te
     return torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy))
 
 
-def accept_typical(
-    tree: Tree, tokens: torch.Tensor, p: torch.Tensor, generator=None, *, epsilon: float = 0.09, delta: float = 0.3
-) -> Acceptance:
-    parents = tree.parent_tensor.to(tokens.device).clamp(min=0)
+def accept_typical(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, generator=None, *,
+                   epsilon: float = DecodeSettings.typical_epsilon,
+                   delta: float = DecodeSettings.typical_delta) -> Acceptance:
+    parents = parent_tensor(tree).to(tokens.device).clamp(min=0)
     threshold = typical_threshold(p, epsilon, delta)                  # [b, N]
     ok = parent_values(tree, tokens, p) > threshold[:, parents]
     path, n = longest_path(tree, ok)
@@ -169,7 +170,7 @@ def accept_strict(
     b, _, vocab = p.shape
     device = tokens.device
     rows = torch.arange(b, device=device)
-    children = tree.children_table.to(device)                        # [N, W]
+    children = children_table(tree).to(device)                        # [N, W]
     path = torch.full((b, tree.depth + 1), -1, dtype=torch.long, device=device)
     path[:, 0] = 0
     node = torch.zeros(b, dtype=torch.long, device=device)
@@ -204,7 +205,8 @@ def accept_strict(
     return Acceptance(path, num_accepted, next_token)
 
 
-# name -> rule, every rule called as (tree, tokens, p, q, generator, epsilon, delta)
+# name (settings.RULE_NAMES, what settings are checked against) -> rule, every rule called as (tree, tokens, p, q,
+# generator, epsilon, delta)
 RULES: dict[str, Callable[..., Acceptance]] = {
     "greedy": lambda tree, tokens, p, q, generator, epsilon, delta: accept_greedy(tree, tokens, p),
     "strict": lambda tree, tokens, p, q, generator, epsilon, delta: accept_strict(tree, tokens, p, q, generator),

@@ -29,8 +29,9 @@ from draftheads.core.drafter import Drafter, Proposal
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.sampling import sample, top1
 from draftheads.core.tree import DynamicTreeSpec, Tree
-from draftheads.decoding.accept import accept
+from draftheads.decoding.accept import accept, target_warp
 from draftheads.decoding.recurrent_state import Replay, has_recurrent_state
+from draftheads.decoding.settings import DecodeSettings, eos_ids
 from draftheads.decoding.stats import GenerationStats
 from draftheads.decoding.verify import compact_cache, new_cache, prefill, verify
 
@@ -69,10 +70,12 @@ class Decoder:
     each drafter their features (catch_up), so plain steps cost what plain decoding does.
     """
 
-    def __init__(self, target, drafter: Drafter | None, tree: Tree | DynamicTreeSpec | None, settings,
+    def __init__(self, target, drafter: Drafter | None, tree: Tree | DynamicTreeSpec | None, settings: DecodeSettings,
                  generators: list[torch.Generator], max_new_tokens: list[int] | None = None,
                  plain_above: int | None = None):
         self.target, self.drafter, self.settings, self.plain_above = target, drafter, settings, plain_above
+        self.eos = eos_ids(target, settings.eos_token_id)
+        self.warp = target_warp(settings)   # None: the greedy rule reads the logits' argmax as they are
         self.tree = ROOT_ONLY if drafter is None else tree
         self.feature_layers = tuple(drafter.feature_layers) if drafter is not None else ()
         self.recurrent = has_recurrent_state(target)   # decoding/recurrent_state.py: chains, one row at a time
@@ -99,7 +102,7 @@ class Decoder:
         ids, mask = left_pad(prompts)
         self.cache = new_cache(self.target)
         out = prefill(self.target, ids, self.cache, self.feature_layers, None if mask.all() else mask)
-        firsts = [self._pick(self.settings.warp(out.logits[r : r + 1, -1]), row.generator)
+        firsts = [self._pick(out.logits[r : r + 1, -1], row.generator)
                   for r, row in enumerate(self.rows)]
         self.pending = torch.cat(firsts)
         self.valid = None if mask.all() else mask.bool()
@@ -118,8 +121,8 @@ class Decoder:
                 row.stats.draft_prefill_s += clock(device) - t
         self._drop_finished()
 
-    def _pick(self, p: torch.Tensor, generator) -> torch.Tensor:
-        return top1(p) if self.settings.rule == "greedy" else sample(p, generator)
+    def _pick(self, logits: torch.Tensor, generator) -> torch.Tensor:
+        return top1(logits) if self.warp is None else sample(self.warp(logits), generator)
 
     # ---- one step -----------------------------------------------------------------------------
 
@@ -143,8 +146,8 @@ class Decoder:
         paths, emitted, following = [], [], []
         for r, (i, proposal) in enumerate(zip(self.live, proposals)):
             row, n = self.rows[i], proposal.tree.num_nodes
-            result = accept(s.rule, proposal.tree, proposal.tokens, out.logits[r : r + 1, :n], proposal.q,
-                            row.generator, epsilon=s.epsilon, delta=s.delta, warp=s.warp)
+            result = accept(s.applied_rule, proposal.tree, proposal.tokens, out.logits[r : r + 1, :n], proposal.q,
+                            row.generator, epsilon=s.typical_epsilon, delta=s.typical_delta, warp=self.warp)
             path = result.path[0, : int(result.num_accepted[0]) + 1]
             new_tokens = torch.cat([proposal.tokens[0, path[1:]], result.next_token[:1]])
             paths.append(path)
@@ -241,7 +244,7 @@ class Decoder:
         emitted = []
         for token in tokens:
             emitted.append(token)
-            if token in self.settings.eos or len(row.generated) + len(emitted) >= row.max_new_tokens:
+            if token in self.eos or len(row.generated) + len(emitted) >= row.max_new_tokens:
                 row.done = True
                 break
         row.generated += emitted

@@ -1,6 +1,8 @@
-"""Speculative decoding as a function: `speculative_generate(target, drafter, input_ids, ...)`.
+"""Speculative decoding as a function: `generate(target, drafter, input_ids, settings)`, with its settings one
+`DecodeSettings` (decoding/settings.py), and `speculative_generate(target, drafter, input_ids, ...)`, the public API's
+form of it, with the settings as keywords.
 
-It checks what it is given (prompts, sampling settings, the tree, that the drafter fits the target),
+It checks what it is given (prompts, the tree, that the drafter fits the target; the settings checked themselves),
 then runs the one generation loop (decoding/decoder.py) over one prompt or a batch of them: plain
 decoding when drafter is None, speculative decoding otherwise, with the same statistics for both.
 """
@@ -17,7 +19,7 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims
 from draftheads.core.tree import AutoTreeSpec, DynamicTreeSpec, Tree, parse_tree
 from draftheads.decoding.decoder import Decoder
-from draftheads.decoding.settings import decode_settings
+from draftheads.decoding.settings import DecodeSettings
 from draftheads.decoding.stats import GenerationStats
 from draftheads.decoding.recurrent_state import check_recurrent_target
 
@@ -37,20 +39,21 @@ def speculative_generate(
     target,
     drafter: Drafter | None,
     input_ids,
-    max_new_tokens: int = 128,
+    max_new_tokens: int = DecodeSettings.max_new_tokens,
     *,
     tree=None,
-    accept: str = "greedy",
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
+    accept: str = DecodeSettings.rule,
+    temperature: float = DecodeSettings.temperature,
+    top_p: float = DecodeSettings.top_p,
+    top_k: int = DecodeSettings.top_k,
     seed: int | list[int] = 0,
-    eos_token_id: int | list[int] | None = None,
-    typical_epsilon: float = 0.09,
-    typical_delta: float = 0.3,
+    eos_token_id: int | list[int] | None = DecodeSettings.eos_token_id,
+    typical_epsilon: float = DecodeSettings.typical_epsilon,
+    typical_delta: float = DecodeSettings.typical_delta,
     plain_above: int | None = None,
 ) -> GenerationResult:
-    """Generate up to `max_new_tokens` after each prompt with the target, drafting with `drafter`.
+    """Generate up to `max_new_tokens` after each prompt with the target, drafting with `drafter`: `generate` with
+    its settings given as keywords (the defaults are DecodeSettings').
 
     input_ids: one prompt ([s] or [1, s]), a batch of equally long ones [b, s], or a list of prompts of any
     lengths (decoded together, left-padded). seed: one per prompt, or one for all (row r then gets seed + r).
@@ -62,10 +65,20 @@ def speculative_generate(
     stops paying at some batch size: `draftheads eval --batch-size` finds where).
     drafter=None gives plain decoding through the same loop (baseline timings).
     """
+    settings = DecodeSettings(accept, temperature, top_k, top_p, max_new_tokens, typical_epsilon, typical_delta,
+                              eos_token_id)
+    spec = parse_tree(tree) if drafter is not None else None   # plain decoding drafts no tree
+    return generate(target, drafter, input_ids, settings, tree=spec, seed=seed, plain_above=plain_above)
+
+
+def generate(target, drafter: Drafter | None, input_ids, settings: DecodeSettings, *,
+             tree: Tree | DynamicTreeSpec | None = None, seed: int | list[int] = 0,
+             plain_above: int | None = None) -> GenerationResult:
+    """Generate after each prompt with `settings` (checked when they were built), drafting `tree` (a parsed spec;
+    None: the drafter's default) with `drafter`; input_ids, seed and plain_above as `speculative_generate` takes
+    them."""
     t0 = time.perf_counter()
     prompts = check_inputs(target, input_ids)
-    settings = decode_settings(target, accept, temperature, top_k, top_p, max_new_tokens, eos_token_id,
-                               typical_epsilon, typical_delta)
     spec = resolve_tree(drafter, tree)
     if drafter is not None:
         check_drafter_fits(drafter, target)
@@ -128,13 +141,13 @@ def check_drafter_fits(drafter, target) -> None:
 
 
 def resolve_tree(drafter, tree) -> Tree | DynamicTreeSpec | None:
-    """The tree spec to draft: the given one parsed, or the drafter's default; None without a drafter."""
+    """The tree spec to draft: the given one (parsed), or the drafter's default; None without a drafter."""
     if drafter is None:
         return None
     if not isinstance(drafter, Drafter):
         raise DraftheadsError(f"{type(drafter).__name__} is not a drafter (needs feature_layers, default_tree, reset, "
                               "observe, propose)")
-    spec = parse_tree(tree) if tree is not None else drafter.default_tree
+    spec = tree if tree is not None else drafter.default_tree
     if isinstance(spec, AutoTreeSpec):
         raise DraftheadsError("an auto tree is fitted to a drafter by draftheads eval; give chain:K, static:PATHS or "
                               "dynamic:TOPK,DEPTH,TOTAL")

@@ -1,17 +1,31 @@
-"""How one generation samples and stops, checked here and nowhere else: `speculative_generate` builds these
-settings, and `draftheads eval` (evaluation/eval_config.py) checks its sampling settings with the same functions."""
+"""How one generation samples and stops: `DecodeSettings`, built and checked once, here.
+
+    settings = DecodeSettings(rule="strict", temperature=0.7, max_new_tokens=64)
+    result = generate(target, drafter, input_ids, settings)          # decoding/generate.py
+
+Its defaults are the package's decode defaults, written nowhere else: `speculative_generate`'s keywords,
+`draftheads eval`'s settings (evaluation/eval_config.py) and the acceptance rules' thresholds (accept.py) read them
+from this class, and `draftheads eval` checks its sampling settings with the functions below. Plain Python, no torch:
+the command line builds its flags from settings classes that import this module, and `--help` loads nothing heavy.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
-import torch
-
+from draftheads.core.config import doc, suggest
 from draftheads.core.errors import DraftheadsError
-from draftheads.core.sampling import warp_probs
-from draftheads.decoding.accept import check_rule
+
+RULE_NAMES = ("greedy", "strict", "typical")   # the acceptance rules, each run by decoding/accept.RULES
+
+
+def check_rule(rule: str, setting: str | None = None) -> str:
+    """`rule` if it names an acceptance rule, else a one-line error naming them (`setting`: e.g. 'eval.accept')."""
+    if rule not in RULE_NAMES:
+        what = f"{setting}: unknown acceptance rule" if setting else "unknown acceptance rule"
+        raise DraftheadsError(f"{what} '{rule}'{suggest(str(rule), RULE_NAMES)}; use {', '.join(RULE_NAMES)}")
+    return rule
 
 
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
@@ -28,9 +42,10 @@ def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
 def check_typical(epsilon: float, delta: float, prefix: str = "") -> None:
     """Typical acceptance's thresholds: at 1 or above nothing but a certain token could be accepted. `prefix` names
     where the settings came from (e.g. 'eval.')."""
-    for name, value, default in (("typical_epsilon", epsilon, 0.09), ("typical_delta", delta, 0.3)):
+    for name, value in (("typical_epsilon", epsilon), ("typical_delta", delta)):
         if not 0 < value < 1:
-            raise DraftheadsError(f"{prefix}{name} must be in (0, 1), got {value}; the default is {default}")
+            raise DraftheadsError(f"{prefix}{name} must be in (0, 1), got {value}; the default is "
+                                  f"{getattr(DecodeSettings, name)}")
 
 
 def check_new_tokens(max_new_tokens: int) -> None:
@@ -38,47 +53,54 @@ def check_new_tokens(max_new_tokens: int) -> None:
         raise DraftheadsError(f"max_new_tokens must be a whole number >= 1, got {max_new_tokens!r}")
 
 
+def applied_rule(rule: str, temperature: float) -> str:
+    """The rule a generation runs: `rule`, or greedy at temperature 0.
+
+    At T = 0 the warped target is a one-hot on its argmax, so strict and typical acceptance accept exactly the
+    drafts greedy acceptance does and emit its argmax: the greedy rule gives the same tokens and skips warping
+    [nodes, V] and the rule's per-node work, several times cheaper. The cost model prices T = 0 runs as greedy too
+    (costmodel/profile.rule_setting)."""
+    return "greedy" if temperature == 0 else rule
+
+
 @dataclass(frozen=True)
 class DecodeSettings:
-    """One generation's acceptance rule, sampling warp, length and stop tokens."""
+    """One generation's acceptance rule, sampling warp, length and stop tokens, checked when built.
 
-    rule: str = "greedy"
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    max_new_tokens: int = 128
-    eos: frozenset = frozenset()
-    epsilon: float = 0.09
-    delta: float = 0.3
+    `rule` stays the rule asked for (what a report shows); `applied_rule` is the one the loop runs: greedy at
+    temperature 0, which changes no token (see `applied_rule`). It is said here, not in a note per generation:
+    an evaluation runs thousands of them, and there is nothing for a user to change.
+    """
+
+    rule: str = doc("greedy", "acceptance rule: greedy, strict (lossless sampling) or typical (Medusa's typical "
+                              "acceptance, not lossless)")
+    temperature: float = doc(0.0, "the target's sampling temperature (0: its argmax, whatever the rule)")
+    top_k: int = doc(0, "sample from the target's k most likely tokens (0: all)")
+    top_p: float = doc(1.0, "sample from the smallest set of the target's tokens holding this probability (1: all)")
+    max_new_tokens: int = doc(128, "tokens generated per prompt")
+    typical_epsilon: float = doc(0.09, "typical acceptance: hard threshold epsilon")
+    typical_delta: float = doc(0.3, "typical acceptance: entropy-scaled threshold delta")
+    eos_token_id: tuple[int, ...] | None = doc(None, "the ids that end a generation, one or several (None: the "
+                                                     "target's generation_config, else its config; []: never stop "
+                                                     "early)")
 
     def __post_init__(self):
         check_rule(self.rule)
         check_sampling(self.temperature, self.top_k, self.top_p)
         check_new_tokens(self.max_new_tokens)
-        check_typical(self.epsilon, self.delta)
-        for name, kind in (("temperature", float), ("top_k", int), ("top_p", float), ("epsilon", float),
-                           ("delta", float)):
+        check_typical(self.typical_epsilon, self.typical_delta)
+        for name, kind in (("temperature", float), ("top_k", int), ("top_p", float), ("typical_epsilon", float),
+                           ("typical_delta", float)):
             object.__setattr__(self, name, kind(getattr(self, name)))   # numpy or int values as the loop compares them
+        eos = self.eos_token_id
+        if eos is not None:
+            ids = (eos,) if isinstance(eos, int) else eos
+            object.__setattr__(self, "eos_token_id", tuple(int(i) for i in ids))
 
-    def warp(self, logits: torch.Tensor) -> torch.Tensor:
-        """What the acceptance rule reads as p. Greedy reads only the argmax, which temperature, top-k and
-        top-p all keep: it gets the logits as they are (warping [N, V] for it would add to every verify step)."""
-        if self.rule == "greedy":
-            return logits
-        return warp_probs(logits, self.temperature, self.top_k, self.top_p)
-
-
-def decode_settings(target, rule, temperature, top_k, top_p, max_new_tokens, eos_token_id, epsilon,
-                    delta) -> DecodeSettings:
-    """The settings a generation runs with: checked, with the target's stop tokens."""
-    settings = DecodeSettings(rule, temperature, top_k, top_p, max_new_tokens, eos_ids(target, eos_token_id), epsilon,
-                              delta)
-    # At T = 0 the warped target is a one-hot on its argmax, and strict and typical acceptance accept exactly the
-    # children greedy does and emit its argmax: run the greedy rule, which skips warping [nodes, V] and the
-    # rule's per-node work, several times cheaper.
-    if settings.temperature == 0:
-        settings = dataclasses.replace(settings, rule="greedy")
-    return settings
+    @property
+    def applied_rule(self) -> str:
+        """The rule the loop runs: `rule`, or greedy at temperature 0 (see `applied_rule`)."""
+        return applied_rule(self.rule, self.temperature)
 
 
 def eos_ids(target, eos_token_id) -> frozenset:

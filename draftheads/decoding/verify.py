@@ -16,6 +16,7 @@ from transformers import DynamicCache
 
 from draftheads.core.target_family import FULL, RECURRENT_TYPES, SLIDING, recurrent_layers, sliding_windows
 from draftheads.core.tree import Tree
+from draftheads.decoding.tree_tensors import ancestor_matrix, attention_mask, depth_tensor, position_ids
 
 
 @dataclass
@@ -90,8 +91,8 @@ def verify(target, cache: DynamicCache, tokens: torch.Tensor, tree: Tree | list[
         raise ValueError(f"proposal has {n} tokens but its trees have {[t.num_nodes for t in trees]} nodes")
     prefix = cache.get_seq_length()
     if valid is None and not isinstance(tree, list):  # one tree over whole rows: the mask every row shares
-        mask = tree.attention_mask(prefix, dtype=target.dtype, device=tokens.device)
-        positions = tree.position_ids(prefix, device=tokens.device).expand(b, -1)
+        mask = attention_mask(tree, prefix, dtype=target.dtype, device=tokens.device)
+        positions = position_ids(tree, prefix, device=tokens.device).expand(b, -1)
         keys = torch.cat([torch.arange(prefix, device=tokens.device)[None].expand(b, -1), positions], 1)
     else:
         mask, positions, keys = row_masks(trees, n, prefix, valid, target.dtype, tokens.device)
@@ -109,10 +110,10 @@ def row_masks(trees: list[Tree], n: int, prefix: int, valid: torch.Tensor | None
     committed = valid.cpu() if valid is not None else torch.ones(b, prefix, dtype=torch.bool)
     for row, tree in enumerate(trees):
         visible[row, :, :prefix] = committed[row]
-        visible[row, : tree.num_nodes, prefix : prefix + tree.num_nodes] = tree.ancestor_matrix
+        visible[row, : tree.num_nodes, prefix : prefix + tree.num_nodes] = ancestor_matrix(tree)
         pad = torch.arange(tree.num_nodes, n)
         visible[row, pad, prefix + pad] = True  # padding nodes see themselves: no row of the softmax is empty
-        positions[row, : tree.num_nodes] = tree.depth_tensor + int(committed[row].sum())
+        positions[row, : tree.num_nodes] = depth_tensor(tree) + int(committed[row].sum())
         positions[row, tree.num_nodes :] = int(committed[row].sum())
     keys = torch.cat([(committed.long().cumsum(-1) - 1).clamp(min=0), positions], 1)  # unused slots are hidden
     mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)

@@ -58,7 +58,7 @@ class RetrainRule:
     """When a served drafter should be retrained."""
 
     baseline: float = doc(0.0, "acceptance rate (accepted / drafted tokens) measured when the drafter was deployed",
-                          flag="--baseline")
+                          flag="--baseline", required=True)
     tolerance: float = doc(0.15, "relative drop that calls for retraining: fire below baseline x (1 - tolerance)",
                            flag="--tolerance")
     window: int = doc(20, "observations (requests or polls) the rate is taken over", flag="--window")

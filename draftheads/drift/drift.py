@@ -19,14 +19,13 @@ The old target is the one the drafter was trained for (its config.json), unless 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.run_folder import run_recipe
 from draftheads.core.state_files import read_json
 from draftheads.data.datastore import check_finished, load_rows
+from draftheads.drift.drift_config import SHIFT_ROWS, DriftConfig
 from draftheads.drift.target_shift import target_shift
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
@@ -36,19 +35,6 @@ from draftheads.evaluation.report_folder import check_report_folder, report_fold
 from draftheads.evaluation.saved_runs import load_eval_target, saved_target_name
 from draftheads.interop.native import resolve_drafter_folder
 from draftheads.measurement.drafter_specs import learned_paths, model_free
-
-SHIFT_ROWS = 64
-
-
-@dataclass
-class DriftConfig:
-    """What `draftheads drift` measures the target's shift on (its own settings; the evaluation's are EvalConfig)."""
-
-    rows: int = doc(SHIFT_ROWS, "rows of the old target's data the shift is measured on", flag="--rows")
-
-    def __post_init__(self):
-        check(self.rows >= 1, f"drift --rows must be a whole number >= 1 (rows the shift is measured on), got "
-                              f"{self.rows}; e.g. --rows {SHIFT_ROWS}")
 
 
 def run_drift(drafter: str, target: str, config: EvalConfig | None = None, *, old_target: str | None = None,

@@ -19,16 +19,13 @@ optimizer moments would be three times the target's size on disk.
 from __future__ import annotations
 
 import json
-import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
 
-from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import write_folder
 from draftheads.core.state_files import read_json
@@ -37,38 +34,10 @@ from draftheads.data.datastore import read_meta
 from draftheads.data.hardware import resolve_device, resolve_dtype
 from draftheads.data.target import load_target
 from draftheads.data.datastore import load_rows
+from draftheads.drift.drift_config import UpdateConfig
 
 MARKER = "draftheads_update.json"
 LORA_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-DEFAULT_LR = {"lora": 2e-4, "full": 2e-5}
-
-
-@dataclass
-class UpdateConfig:
-    """How a target is updated (`draftheads update-target`)."""
-
-    method: Literal["lora", "full"] = doc("lora", "'lora': low-rank adapters on every projection, merged; 'full': "
-                                                  "every weight", flag="--method")
-    steps: int = doc(60, "optimizer steps: the strength of the update", flag="--steps")
-    lr: float | None = doc(None, "AdamW learning rate (default 2e-4 for lora, 2e-5 for full)", flag="--lr")
-    rank: int = doc(16, "lora: adapter rank (alpha = 2 x rank)", flag="--rank")
-    batch_size: int = doc(8, "rows per step", flag="--batch-size")
-    max_length: int = doc(512, "longest row in tokens (longer rows are cut)")
-    warmup_steps: int = doc(5, "linear warm-up steps")
-    seed: int = doc(0, "row order and adapter initialisation")
-    base: str = doc("smollm2-135m", "the target being updated", flag="--base")
-
-    def __post_init__(self):
-        check(self.method in DEFAULT_LR, f"update method must be lora or full, got '{self.method}'")
-        for name, flag in (("steps", " (--steps)"), ("rank", " (--rank)"), ("batch_size", " (--batch-size)"),
-                           ("max_length", "")):
-            value = getattr(self, name)
-            check(value > 0, f"update {name}{flag} must be a whole number >= 1, got {value}")
-        check(self.warmup_steps >= 0, f"update warmup_steps must be >= 0, got {self.warmup_steps}")
-        check(self.lr is None or (math.isfinite(self.lr) and self.lr > 0),   # NaN and inf would train to NaN
-              f"update lr (--lr) must be a finite number > 0, got {self.lr}; e.g. 2e-4 (lora) or 2e-5 (full)")
-        if self.lr is None:
-            self.lr = DEFAULT_LR[self.method]
 
 
 def update_target(data: str | Path, out: str | Path, config: UpdateConfig | None = None, *, target=None,

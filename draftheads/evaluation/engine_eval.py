@@ -28,6 +28,7 @@ from draftheads.core.target_dims import context_limit
 from draftheads.core.tree import Tree
 from draftheads.data.chat import add_reply, stop_token_ids
 from draftheads.data.hardware import environment
+from draftheads.decoding.settings import DecodeSettings
 from draftheads.decoding.stats import GenerationStats
 from draftheads.evaluation.engine_report import (
     engine_rows,
@@ -179,8 +180,8 @@ def engine_settings(model, tokenizer, max_new_tokens: int) -> EvalSettings:
     if max_length <= max_new_tokens + 1:
         raise DraftheadsError(f"max_new_tokens {max_new_tokens} does not fit the target's context of "
                               f"{max_length + 1} tokens")
-    return EvalSettings(max_new_tokens, max_length,
-                        stop_token_ids(tokenizer, getattr(model, "generation_config", None)))
+    stops = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
+    return EvalSettings(DecodeSettings(max_new_tokens=max_new_tokens, eos_token_id=stops), max_length)
 
 
 def measure_engine(server: Path, target_gguf: Path, configs: list[EngineConfig], conversations: list[Conversation],
@@ -189,7 +190,7 @@ def measure_engine(server: Path, target_gguf: Path, configs: list[EngineConfig],
     found: dict[str, list[Side]] = {c.name: [] for c in configs}
     # each server's KV cache holds the longest conversation: its first prompt, every reply, room for the later turns
     context = min(settings.max_length + 1, max(len(first_chat(tokenizer, c, settings).input_ids)
-                                               + len(c.users) * (settings.max_new_tokens + 256)
+                                               + len(c.users) * (settings.decode.max_new_tokens + 256)
                                                for c in conversations) + 64)
     with contextlib.ExitStack() as stack:
         servers = {c.name: stack.enter_context(LlamaServer(server, target_gguf, list(c.args),
@@ -197,7 +198,7 @@ def measure_engine(server: Path, target_gguf: Path, configs: list[EngineConfig],
                                                            threads, context)) for c in configs}
         for running in servers.values():   # one-off costs (allocations, the first graphs) out of the numbers
             running.complete(first_chat(tokenizer, conversations[0], settings).input_ids,
-                             min(8, settings.max_new_tokens))
+                             min(8, settings.decode.max_new_tokens))
         bar = tqdm(total=len(conversations) * len(configs), desc="draftheads engine eval llama.cpp", unit="run",
                    mininterval=1.0)
         for i, conv in enumerate(conversations):
@@ -213,10 +214,10 @@ def converse(server: LlamaServer, conv: Conversation, tokenizer, settings: EvalS
     chat, side = first_chat(tokenizer, conv, settings), Side()
     limit = min(settings.max_length, server.context - 1)   # what the server's KV cache holds
     while not chat.done and len(chat.input_ids) < limit:
-        reply = server.complete(chat.input_ids, min(settings.max_new_tokens, limit - len(chat.input_ids)))
+        reply = server.complete(chat.input_ids, min(settings.decode.max_new_tokens, limit - len(chat.input_ids)))
         side.tokens += reply.tokens
         side.replies.append(reply)
-        add_reply(tokenizer, chat, reply.tokens, settings.stop_ids, limit)
+        add_reply(tokenizer, chat, reply.tokens, settings.decode.eos_token_id, limit)
     return side
 
 

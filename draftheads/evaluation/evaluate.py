@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from draftheads.core.tree import AutoTreeSpec, parse_tree
+from draftheads.core.tree import AutoTreeSpec
 from draftheads.costmodel.batch_profile import batch_profile
-from draftheads.costmodel.calibration import COMB_DEPTH, COMB_WIDTH, fit_auto_trees, price_gates
+from draftheads.costmodel.calibration import COMB_DEPTH, COMB_WIDTH, Calibration, fit_auto_trees, price_gates
 from draftheads.costmodel.earlier_report import read_earlier
 from draftheads.costmodel.forecast import predict_entries, prediction_columns
 from draftheads.costmodel.profile import target_profile
@@ -44,7 +44,7 @@ def run_eval(drafters: list[str], config: EvalConfig | None = None, *, target: s
     config = config or EvalConfig()
     check_report_folder(out, drafters)  # before minutes of work, not after
     earlier = read_earlier(config.tau_from) if config.tau_from else None
-    requested = parse_tree(config.tree)
+    requested = config.tree_spec
     budget = requested.budget if isinstance(requested, AutoTreeSpec) else None
     model, tokenizer, target_info = load_eval_target(target, config.dtype, drafters, target_model,
                                                      chat_template=config.chat_template, device=config.device)
@@ -60,14 +60,14 @@ def run_eval(drafters: list[str], config: EvalConfig | None = None, *, target: s
                              rules=sorted((r, t, config.top_k, config.top_p) for r, t in rules),
                              progress=lambda line: print(line, flush=True))
     lengths = [len(first_chat(tokenizer, c, settings).input_ids) for c in conversations]
+    fitting = Calibration(model, tokenizer, calibration, settings, profile, lengths)
     if budget:
-        fit_auto_trees(model, tokenizer, entries, calibration, settings, requested, profile, lengths)
-    price_gates(model, tokenizer, entries, calibration, settings, profile, lengths)
+        fit_auto_trees(fitting, entries, requested)
+    price_gates(fitting, entries)
     batch_sizes = sorted(set(config.batch_sizes))
     batch = (batch_profile(model, refresh=config.refresh_profile, progress=lambda line: print(line, flush=True))
              if max(batch_sizes) > 1 or config.plain_above == "auto" else None)
-    predictions = predict_entries(model, tokenizer, entries, configs, calibration, settings, profile, lengths, earlier,
-                                  [c.kind for c in conversations], batch)
+    predictions = predict_entries(fitting, entries, configs, earlier, [c.kind for c in conversations], batch)
     if config.plain_above == "auto":
         entries += auto_plain_entries(entries, predictions, configs[0], max(batch_sizes))
     print(f"draftheads eval: {len(conversations)} prompts from {config.prompts}, {len(entries)} drafters "
@@ -89,8 +89,8 @@ def run_eval(drafters: list[str], config: EvalConfig | None = None, *, target: s
             "max_new_tokens": config.max_new_tokens, "dtype": target_info["dtype"], "seed": config.seed,
             "seed_rule": SEED_RULE, "top_k": config.top_k, "top_p": config.top_p, "combined": config.combined_modes,
             "typical_epsilon": config.typical_epsilon, "typical_delta": config.typical_delta,
-            "stop_ids": settings.stop_ids, "batch_sizes": batch_sizes, "plain_above": config.plain_above,
-            "calibration_prompts": [c.prompt_id for c in calibration],
+            "stop_ids": list(settings.decode.eos_token_id), "batch_sizes": batch_sizes,
+            "plain_above": config.plain_above, "calibration_prompts": [c.prompt_id for c in calibration],
             "tau_from": str(earlier.path) if earlier else None,
         },
         "cost_profile": {"key": profile.key, "created": profile.created},

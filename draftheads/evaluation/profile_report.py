@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from draftheads.costmodel.calibration import profile_entry
+from draftheads.costmodel.calibration import Calibration, profile_entry
 from draftheads.costmodel.profile import TargetProfile, target_profile
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.plots import _pyplot, save
@@ -37,7 +37,7 @@ def run_profile(target: str | None, drafters: list[str], *, dtype: str = "auto",
         # profile_entry times a drafter on the first calibration prompt only: load that one, not the whole set
         calibration = load_conversations(config.prompts, 1, tokenizer, settings, 1)[2]
         for entry in entries:
-            costs[entry.name] = profile_entry(model, tokenizer, entry, calibration, settings)
+            costs[entry.name] = profile_entry(Calibration(model, tokenizer, calibration, settings), entry)
     print(format_profile(profile, info["name"], info["dtype"], costs))
     folder = Path(out) if out else Path("runs") / f"profile-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     folder.mkdir(parents=True, exist_ok=True)

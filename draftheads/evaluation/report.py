@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+from draftheads.decoding.settings import applied_rule
 from draftheads.evaluation.presets import PRESETS
 
 TAU_NOTE = ("tau = mean tokens emitted per target verification forward, INCLUDING the bonus token the target "
@@ -106,7 +107,7 @@ def format_batch_table(curves: list[dict]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     plain_greedy = {}  # every greedy row of a batch size is compared with the same plain runs
     for c in curves:
-        if c["rule"] == "greedy" or c["temperature"] == 0:
+        if applied_rule(c["rule"], c["temperature"]) == "greedy":
             plain_greedy.update(zip(c["batch_sizes"], c["tokens_per_s_plain"]))
     for c in curves:
         at = dict(zip(c["batch_sizes"], zip(c["speedup"], c["tau"], c.get("predicted") or [None] * len(c["tau"]))))

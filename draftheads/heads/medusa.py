@@ -263,7 +263,7 @@ class MedusaDrafter(nn.Module):
             return Proposal(tree, tokens)
         # node i's children are drawn from q of depth(i) + 1; the deepest nodes have no children
         q_by_depth = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)  # [b, D + 1, V]
-        return Proposal(tree, tokens, q_by_depth[:, tree.depth_tensor.to(q.device)])
+        return Proposal(tree, tokens, q_by_depth[:, torch.tensor(tree.depths, device=q.device)])
 
     def _check_tree(self, tree: Tree | DynamicTreeSpec) -> Tree:
         if isinstance(tree, DynamicTreeSpec):

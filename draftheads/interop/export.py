@@ -18,18 +18,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from draftheads.core.config import check, doc, suggest, to_dict
+from draftheads.core.config import suggest, to_dict
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import write_folder
 from draftheads.core.run_folder import BEST, DATA_MARKER, DRAFTER, FINAL, incomplete_checkpoints, list_checkpoints
 from draftheads.core.writable import check_writable
 from draftheads.interop import deepseek_mtp, llama_cpp, sglang, speculators, tgi, vllm
+from draftheads.interop.export_config import ExportConfig
 from draftheads.interop.layout import Layout
 from draftheads.interop.native import (CONFIG, EAGLE3_KINDS, PROVENANCE, WEIGHTS, SavedDrafter, check_fits_target,
                                       read_export_record)
@@ -47,19 +47,6 @@ LABELS = {"eagle3": "EAGLE-3", "eagle": "EAGLE", "medusa": "Medusa", "medusa2": 
           "dflash": "DFlash", "peagle": "P-EAGLE"}
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-@dataclass
-class ExportConfig:
-    """The numbers an export writes beside the weights (`draftheads export`'s flags that take one)."""
-
-    speculative_tokens: int | None = doc(None, "draft length written where the engine's config takes one (None: the "
-                                               "length the drafter was trained for)", flag="--speculative-tokens")
-
-    def __post_init__(self):
-        check(self.speculative_tokens is None or self.speculative_tokens >= 1,
-              f"--speculative-tokens must be a whole number >= 1, got {self.speculative_tokens}; leave it out for the "
-              "length the drafter was trained for")
 
 
 def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dtype: str | None = None,

@@ -6,6 +6,7 @@ data.mode: completion sees raw text, through the tokenizer load_eval_target prep
 from __future__ import annotations
 
 import collections
+import dataclasses
 from dataclasses import dataclass
 
 from draftheads.core.errors import DraftheadsError
@@ -13,6 +14,7 @@ from draftheads.core.target_dims import context_limit
 from draftheads.data.chat import Chat, start_chat, stop_token_ids
 from draftheads.data.prompt_source import PromptSource
 from draftheads.data.prompts import load_source
+from draftheads.decoding.settings import DecodeSettings
 
 
 @dataclass
@@ -27,14 +29,13 @@ class Conversation:
 
 @dataclass
 class EvalSettings:
-    max_new_tokens: int
+    """How an evaluation decodes its conversations: the settings every run shares (each run sets its rule and
+    temperature, measure.RunConfig; stop ids: the chat template's end of turn), the longest conversation, and the
+    seed that prompt i's turn t adds 1000 i + t to."""
+
+    decode: DecodeSettings
     max_length: int               # longest conversation (prompt + replies) in tokens
-    stop_ids: list[int]
     seed: int = 0
-    top_k: int = 0
-    top_p: float = 1.0
-    typical_epsilon: float = 0.09
-    typical_delta: float = 0.3
 
 
 def first_chat(tokenizer, conv: Conversation, settings: EvalSettings) -> Chat:
@@ -42,15 +43,15 @@ def first_chat(tokenizer, conv: Conversation, settings: EvalSettings) -> Chat:
 
 
 def eval_settings(model, tokenizer, config, nodes: int) -> EvalSettings:
-    """Room for the longest conversation: the target's context minus the biggest draft tree (`nodes`)."""
+    """`config`'s (an EvalConfig's) decode settings, with the chat template's stop ids, and room for the longest
+    conversation: the target's context minus the biggest draft tree (`nodes`)."""
     context = context_limit(model)
     max_length = context - nodes - 1
     if max_length <= config.max_new_tokens + 1:
         raise DraftheadsError(f"max_new_tokens {config.max_new_tokens} plus a {nodes}-node draft tree do not fit the "
                               f"target's context of {context} tokens; lower max_new_tokens")
     stops = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
-    return EvalSettings(config.max_new_tokens, max_length, stops, config.seed, config.top_k, config.top_p,
-                        config.typical_epsilon, config.typical_delta)
+    return EvalSettings(dataclasses.replace(config.decode, eos_token_id=stops), max_length, config.seed)
 
 
 def load_conversations(source: str, limit: int | None, tokenizer, settings: EvalSettings, calibration: int = 0):
@@ -75,7 +76,7 @@ def fitting(prompts, first_id: int, tokenizer, settings: EvalSettings) -> tuple[
         conv = Conversation(i, list(prompt.turns), prompt.system, prompt.kind)
         # Room for the first reply; later turns end the conversation early when they no longer fit.
         chat = first_chat(tokenizer, conv, settings)
-        if chat.stopped or len(chat.input_ids) + settings.max_new_tokens > settings.max_length:
+        if chat.stopped or len(chat.input_ids) + settings.decode.max_new_tokens > settings.max_length:
             reason = chat.stopped or "prompt plus max_new_tokens longer than the target's context"
             skipped[reason] = skipped.get(reason, 0) + 1
             continue

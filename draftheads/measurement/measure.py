@@ -12,13 +12,15 @@ the chat template exactly as the training data was (data/chat.py).
 from __future__ import annotations
 
 import collections
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
 
 from draftheads.data.chat import add_reply
-from draftheads.decoding.generate import speculative_generate
+from draftheads.decoding.generate import generate
+from draftheads.decoding.settings import DecodeSettings, applied_rule
 from draftheads.decoding.stats import GenerationStats
 from draftheads.decoding.suffix import OutputCache
 from draftheads.measurement.conversations import Conversation, EvalSettings, first_chat
@@ -35,7 +37,12 @@ class RunConfig:
     @property
     def sampled(self) -> bool:
         """False when the output is deterministic (greedy rule, or T = 0): it must equal plain greedy decoding."""
-        return self.rule != "greedy" and self.temperature > 0
+        return applied_rule(self.rule, self.temperature) != "greedy"
+
+    def settings(self, shared: DecodeSettings, max_new_tokens: int | None = None) -> DecodeSettings:
+        """The settings every run shares, with this rule and temperature (and another length, for a warm-up)."""
+        return dataclasses.replace(shared, rule=self.rule, temperature=self.temperature,
+                                   max_new_tokens=max_new_tokens or shared.max_new_tokens)
 
     @property
     def plain_key(self) -> float:
@@ -86,16 +93,13 @@ def generate_conversations(model, tokenizer, convs: list[Conversation], entry: E
         entry.suffix.outputs = outputs if outputs is not None else entry.output_cache()
     chats = [first_chat(tokenizer, conv, settings) for conv in convs]
     outs = [Output([], GenerationStats()) for _ in convs]
+    decode = cfg.settings(settings.decode, max_new_tokens)
     turn = 0
     while going := [i for i, chat in enumerate(chats) if not chat.done]:
-        result = speculative_generate(
-            model, entry.drafter if entry else None,
-            [torch.tensor(chats[i].input_ids, device=model.device) for i in going],
-            max_new_tokens or settings.max_new_tokens, tree=entry.tree if entry else None, accept=cfg.rule,
-            temperature=cfg.temperature, top_k=settings.top_k, top_p=settings.top_p,
-            seed=[settings.seed + 1000 * convs[i].prompt_id + turn for i in going], eos_token_id=settings.stop_ids,
-            typical_epsilon=settings.typical_epsilon, typical_delta=settings.typical_delta, plain_above=plain_above,
-        )
+        prompts = [torch.tensor(chats[i].input_ids, device=model.device) for i in going]
+        seeds = [settings.seed + 1000 * convs[i].prompt_id + turn for i in going]
+        result = generate(model, entry.drafter if entry else None, prompts, decode, tree=entry.tree if entry else None,
+                          seed=seeds, plain_above=plain_above)
         for i, reply, stats in zip(going, result.rows, result.row_stats):
             out, chat = outs[i], chats[i]
             if logprob:
@@ -103,7 +107,7 @@ def generate_conversations(model, tokenizer, convs: list[Conversation], entry: E
                 out.logprob_sum, out.logprob_count = out.logprob_sum + total, out.logprob_count + count
             out.tokens += reply
             out.stats = out.stats.merge(stats)
-            add_reply(tokenizer, chat, reply, settings.stop_ids, settings.max_length)
+            add_reply(tokenizer, chat, reply, decode.eos_token_id, settings.max_length)
         turn += 1
     return outs
 
@@ -135,7 +139,7 @@ def warm_up(model, tokenizer, convs: list[Conversation], entries: list[Entry], s
     for size in sorted({min(batch_sizes), max(batch_sizes)}):
         for entry in [None] + entries:
             generate_conversations(model, tokenizer, first_turns[:size], entry, cfg, settings,
-                                   max_new_tokens=min(8, settings.max_new_tokens))
+                                   max_new_tokens=min(8, settings.decode.max_new_tokens))
 
 
 def measure(model, tokenizer, conversations: list[Conversation], entries: list[Entry], configs: list[RunConfig],

@@ -21,7 +21,7 @@ from draftheads.costmodel.profile import (
     target_profile,
 )
 from draftheads.decoding.generate import speculative_generate
-from draftheads.decoding.settings import decode_settings
+from draftheads.decoding.settings import DecodeSettings
 from tests.decoding.stubs import RandomDrafter
 from tests.fixtures import make_target, make_tokenizer
 
@@ -84,8 +84,9 @@ def test_least_squares_separates_level_and_node_costs():
 
 def test_rules_at_temperature_zero_are_the_greedy_rule():
     model = make_target("llama", make_tokenizer("chatml"))
-    assert decode_settings(model, "strict", 0.0, 0, 1.0, 4, [], 0.09, 0.3).rule == "greedy"
-    assert decode_settings(model, "typical", 0.7, 0, 1.0, 4, [], 0.09, 0.3).rule == "typical"
+    strict = DecodeSettings(rule="strict", temperature=0.0)
+    assert strict.rule == "strict" and strict.applied_rule == "greedy"   # the rule asked for, and the one run
+    assert DecodeSettings(rule="typical", temperature=0.7).applied_rule == "typical"
     assert rule_setting("strict", 0.0) == "greedy" and rule_setting("typical", 0.5, 4, 0.9) == "typical T=0.5 k=4 p=0.9"
     prompt, drafter = torch.tensor([[2, 5, 7, 3, 9]]), RandomDrafter(model.config.vocab_size, tree=Tree.chain(2))
     greedy = speculative_generate(model, drafter, prompt, 8, accept="greedy", eos_token_id=[])

@@ -7,7 +7,9 @@ import torch
 
 from draftheads.core.sampling import warp_probs
 from draftheads.core.tree import Tree
-from draftheads.decoding.accept import accept, accept_greedy, accept_typical, longest_path, typical_threshold
+from draftheads.decoding.accept import RULES, accept, accept_greedy, accept_typical, longest_path, typical_threshold
+from draftheads.decoding.settings import RULE_NAMES
+from draftheads.decoding.tree_tensors import parent_tensor
 from tests.decoding.test_strict import chi2_pvalue
 
 TREE = Tree.from_paths([(0,), (1,), (0, 0), (1, 0), (1, 0, 0)])   # nodes: 1=(0,) 2=(1,) 3=(0,0) 4=(1,0) 5=(1,0,0)
@@ -88,7 +90,7 @@ def test_typical_next_token_is_sampled_from_p_at_the_last_accepted_node():
 def test_every_rule_is_greedy_at_temperature_zero(rule):
     g = torch.Generator().manual_seed(2)
     logits = 3 * torch.randn(500, TREE.num_nodes, V, generator=g)
-    parents = TREE.parent_tensor.clamp(min=0)[None].expand(500, -1)
+    parents = parent_tensor(TREE).clamp(min=0)[None].expand(500, -1)
     best = logits.argmax(-1).gather(1, parents)                            # the parent's argmax, per node
     chosen = torch.randint(2, (500, TREE.num_nodes), generator=g).gather(1, parents)  # which sibling is right
     wrong = (best + torch.randint(1, V, best.shape, generator=g)) % V
@@ -107,3 +109,7 @@ def test_typical_respects_top_k():
     loose = accept_typical(TREE, tokens, warp_probs(logits, 1.0), torch.Generator(), epsilon=0.09, delta=0.3)
     tight = accept_typical(TREE, tokens, warp_probs(logits, 1.0, top_k=1), torch.Generator(), epsilon=0.09, delta=0.3)
     assert loose.num_accepted.item() > 0 and tight.num_accepted.item() == 1   # only token 1 (node 1) survives
+
+
+def test_the_rules_settings_name_are_the_rules_that_run():
+    assert tuple(RULES) == RULE_NAMES

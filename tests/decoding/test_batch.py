@@ -17,7 +17,7 @@ from draftheads.decoding.gate import GateCosts, LearnedGate
 from draftheads.decoding.generate import speculative_generate
 from draftheads.decoding.lookup import PromptLookupDrafter
 from draftheads.decoding.suffix import SuffixDrafter
-from draftheads.decoding.settings import decode_settings
+from draftheads.decoding.settings import DecodeSettings
 from tests.decoding.stubs import OracleDrafter, RandomDrafter
 from tests.decoding.test_greedy import prompt_ids, target
 from tests.decoding.test_strict import P_MIN, chi2_pvalue, small_target, two_token_law
@@ -80,7 +80,7 @@ def committed_cache(model, ids: list[int]):
 def test_every_rows_cache_equals_a_fresh_prefill_after_every_step(family, rule, temperature):
     model = target(family)
     drafters = OracleDrafter(model, int(PROMPTS[0][0]), noise=0.4, seed=2, tree=Tree.from_paths(STATIC))
-    settings = decode_settings(model, rule, temperature, 0, 1.0, 24, [], 0.09, 0.3)
+    settings = DecodeSettings(rule, temperature, max_new_tokens=24, eos_token_id=[])
     decoder = Decoder(model, drafters, Tree.from_paths(STATIC), settings,
                       [torch.Generator().manual_seed(s) for s in range(3)])
     decoder.start(PROMPTS)

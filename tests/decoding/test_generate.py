@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
@@ -10,7 +11,8 @@ import torch
 import draftheads
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import Tree
-from draftheads.decoding.generate import speculative_generate
+from draftheads.decoding.generate import generate, speculative_generate
+from draftheads.decoding.settings import DecodeSettings
 from draftheads.decoding.stats import GenerationStats
 from tests.decoding.stubs import OracleDrafter, RandomDrafter
 from tests.decoding.test_greedy import plain, prompt_ids, target
@@ -27,6 +29,28 @@ def test_public_api_delegates_here():
                                           eos_token_id=[])
     assert out.tokens.shape == (1, 12) and out.tokens.dtype == torch.long
     assert out.tokens.tolist() == plain("llama", "sdpa", 40).tokens[:, :12].tolist()
+
+
+def test_the_keywords_are_one_settings_object_with_its_defaults():
+    """speculative_generate is generate with its DecodeSettings given as keywords: the same defaults (read from the
+    class, written once) and the same tokens."""
+    keywords = {name: p.default for name, p in inspect.signature(speculative_generate).parameters.items()}
+    defaults = DecodeSettings()
+    assert [keywords[name] for name in ("accept", "temperature", "top_k", "top_p", "max_new_tokens", "typical_epsilon",
+                                        "typical_delta", "eos_token_id")] == [
+        defaults.rule, defaults.temperature, defaults.top_k, defaults.top_p, defaults.max_new_tokens,
+        defaults.typical_epsilon, defaults.typical_delta, defaults.eos_token_id]
+    settings = DecodeSettings(rule="strict", temperature=0.9, top_k=20, max_new_tokens=16, eos_token_id=[])
+    given = generate(target("llama"), RandomDrafter(384, sampled=True, tree=TREE), prompt_ids(), settings, seed=3)
+    keyworded = speculative_generate(target("llama"), RandomDrafter(384, sampled=True, tree=TREE), prompt_ids(), 16,
+                                     accept="strict", temperature=0.9, top_k=20, eos_token_id=[], seed=3)
+    assert given.tokens.tolist() == keyworded.tokens.tolist()
+
+
+def test_at_temperature_zero_the_rule_asked_for_runs_as_greedy():
+    settings = DecodeSettings(rule="typical", temperature=0.0)
+    assert settings.rule == "typical" and settings.applied_rule == "greedy"
+    assert DecodeSettings(rule="typical", temperature=0.5).applied_rule == "typical"
 
 
 @pytest.mark.parametrize("rule", ["strict", "typical"])

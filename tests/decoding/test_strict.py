@@ -19,6 +19,7 @@ import torch
 from draftheads.core.sampling import warp_probs
 from draftheads.core.tree import Tree
 from draftheads.decoding import accept as rules
+from draftheads.decoding.tree_tensors import depth_tensor
 
 V = 10
 TARGET = 1.5 * torch.randn(8, V, V, generator=torch.Generator().manual_seed(0))   # logits [depth, prev token, V]
@@ -171,7 +172,7 @@ def speculative_sequences(tree: Tree, temperature, top_k, top_p, sampled: bool, 
     g = torch.Generator().manual_seed(seed)
     tree, tokens, q = draft(tree, temperature, sampled, g, sharpness)
     table = warp_probs(TARGET, temperature, top_k, top_p)
-    p = table[tree.depth_tensor[None, :], tokens]
+    p = table[depth_tensor(tree)[None, :], tokens]
     result = rules.accept_strict(tree, tokens, p, q, g)
     length = tree.depth + 1
     rows = torch.arange(ROWS)

@@ -60,7 +60,7 @@ def test_cache_after_every_step_equals_plain_decoding_cache(family, rule, temper
     model = target(family)
     ids = prompt_ids()
     drafter = OracleDrafter(model, int(ids[0, 0]), noise=0.3, seed=2, tree=TREE)
-    settings = DecodeSettings(rule=rule, temperature=temperature, max_new_tokens=30)
+    settings = DecodeSettings(rule=rule, temperature=temperature, max_new_tokens=30, eos_token_id=[])
     decoder = Decoder(model, drafter, TREE, settings, [torch.Generator().manual_seed(0)])
     decoder.start([ids[0]])
     row = decoder.rows[0]
@@ -117,7 +117,7 @@ def test_drafters_catch_up_on_what_plain_steps_committed_with_its_true_features(
 
     model = target(family)
     drafter = RecordingDrafter(model.config.vocab_size, feature_layers=(1, -1), tree=TREE, seed=4)
-    settings = DecodeSettings(rule="greedy", temperature=0.0, max_new_tokens=30)
+    settings = DecodeSettings(rule="greedy", temperature=0.0, max_new_tokens=30, eos_token_id=[])
     decoder = Decoder(model, drafter, TREE, settings, [torch.Generator().manual_seed(s) for s in range(3)],
                       max_new_tokens=[6, 14, 30], plain_above=1)
     drafters = [row.drafter for row in decoder.rows]

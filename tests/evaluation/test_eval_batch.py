@@ -4,6 +4,7 @@ sees every prompt once per job with the seeds of batch size 1, and the speedup-v
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -33,15 +34,15 @@ def test_batched_conversations_equal_each_alone(monkeypatch):
     the batch after their last turn): the batch's replies are each conversation's alone."""
     model, tokenizer = fixture()
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    real, batches = measure_module.speculative_generate, []
+    real, batches = measure_module.generate, []
 
-    def replies_that_end_their_turn(target, drafter, prompts, max_new_tokens, **kw):
+    def replies_that_end_their_turn(target, drafter, prompts, settings, **kw):
         batches.append(len(prompts))
-        out = real(target, drafter, prompts, max_new_tokens, **{**kw, "eos_token_id": []})
+        out = real(target, drafter, prompts, dataclasses.replace(settings, eos_token_id=[]), **kw)
         out.rows = [row + [end] for row in out.rows]
         return out
 
-    monkeypatch.setattr(measure_module, "speculative_generate", replies_that_end_their_turn)
+    monkeypatch.setattr(measure_module, "generate", replies_that_end_their_turn)
     convs = [Conversation(0, [PROMPTS[0], "Now make it recursive."], None), Conversation(1, [PROMPTS[1]], "Be brief."),
              Conversation(2, ["Hi", "And again?", "Once more."], None)]
     sett = settings(5, stop_ids=[end])
@@ -56,13 +57,13 @@ def test_batched_conversations_equal_each_alone(monkeypatch):
 
 def test_every_batch_size_sees_every_prompt_once_with_the_seeds_of_batch_size_one(monkeypatch):
     model, tokenizer = fixture()
-    real, calls = measure_module.speculative_generate, []
+    real, calls = measure_module.generate, []
 
-    def recorded(target, drafter, prompts, max_new_tokens, **kw):
+    def recorded(target, drafter, prompts, settings, **kw):
         calls.append((drafter is None, len(prompts), list(kw["seed"]), kw["plain_above"]))
-        return real(target, drafter, prompts, max_new_tokens, **kw)
+        return real(target, drafter, prompts, settings, **kw)
 
-    monkeypatch.setattr(measure_module, "speculative_generate", recorded)
+    monkeypatch.setattr(measure_module, "generate", recorded)
     convs = [Conversation(i, [PROMPTS[i % 2]], None) for i in range(5)]
     entry = random_entry(model)
     found = measure(model, tokenizer, convs, [entry], [RunConfig("greedy", 0.0)], settings(5, seed=7), progress=False,

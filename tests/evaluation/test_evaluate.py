@@ -20,7 +20,9 @@ from draftheads.core.tree import AutoTreeSpec, Tree
 from draftheads.decoding.accept import Acceptance
 from draftheads.decoding.combined import CombinedDrafter, graft
 from draftheads.decoding.generate import speculative_generate
+from draftheads.decoding.settings import DecodeSettings
 from draftheads.decoding.stats import GenerationStats
+from draftheads.decoding.tree_tensors import retrieve_indices
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
 from draftheads.evaluation.report import TABLE_COLUMNS
@@ -42,8 +44,9 @@ def fixture():
     return make_target("llama", tokenizer), tokenizer
 
 
-def settings(max_new_tokens: int = 9, **kw) -> EvalSettings:
-    return EvalSettings(max_new_tokens=max_new_tokens, max_length=400, stop_ids=kw.pop("stop_ids", []), **kw)
+def settings(max_new_tokens: int = 9, stop_ids=(), seed: int = 0, **kw) -> EvalSettings:
+    decode = DecodeSettings(max_new_tokens=max_new_tokens, eos_token_id=stop_ids, **kw)
+    return EvalSettings(decode, max_length=400, seed=seed)
 
 
 def conversations(n: int = 2) -> list[Conversation]:
@@ -238,7 +241,7 @@ def test_greedy_mismatches_zero_for_correct_loop_and_counted_for_a_wrong_one(mon
     def accept_first_leaf(rule, tree, tokens, p, q=None, generator=None, **kw):
         """A broken rule: takes the first root-to-leaf path whatever the target says."""
         real(rule, tree, tokens, p, q, generator, **kw)
-        path = tree.retrieve_indices[:1]
+        path = retrieve_indices(tree)[:1]
         n = int((path >= 0).sum()) - 1
         return Acceptance(path, torch.tensor([n]), p[:, path[0, n]].argmax(-1))
 
@@ -288,15 +291,15 @@ def test_turns_are_answered_one_by_one_with_the_chat_template(monkeypatch):
     """Each turn is one generation on the conversation so far: user 1, reply 1, user 2 (rendered as in training)."""
     model, tokenizer = fixture()
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    real, inputs = generate_module.speculative_generate, []
+    real, inputs = generate_module.generate, []
 
-    def short_replies(target, drafter, ids, max_new_tokens, **kw):
+    def short_replies(target, drafter, ids, settings, **kw):
         inputs.append(ids[0].tolist())
-        out = real(target, drafter, ids, 3, **{**kw, "eos_token_id": []})
+        out = real(target, drafter, ids, dataclasses.replace(settings, max_new_tokens=3, eos_token_id=[]), **kw)
         out.rows = [row + [end] for row in out.rows]   # every reply ends its turn
         return out
 
-    monkeypatch.setattr(measure_module, "speculative_generate", short_replies)
+    monkeypatch.setattr(measure_module, "generate", short_replies)
     conv = [Conversation(0, ["Hello! How can I help you today?", "Write a class Stack."], None)]
     rows, found = run_rows([random_entry(model)], [RunConfig("greedy", 0.0)], conv, settings(stop_ids=[end]))
     plain = found.plain[0.0][0]
@@ -379,10 +382,9 @@ def test_run_eval_predicts_every_row_before_running_it_and_fits_trees_for_speed(
     monkeypatch.setattr(measure_module, "generate_conversations", lambda m, t, convs, *a, **kw:
                         order.append([c.prompt_id for c in convs]) or real(m, t, convs, *a, **kw))
     import draftheads.costmodel.calibration as calibration_module
-    import draftheads.costmodel.forecast as forecast_module
 
-    for module in (calibration_module, forecast_module):   # the calibration runs, made where they are fitted
-        monkeypatch.setattr(module, "generate_conversations", measure_module.generate_conversations)
+    # the calibration runs, made where they are fitted (costmodel/calibration.Calibration.runs)
+    monkeypatch.setattr(calibration_module, "generate_conversations", measure_module.generate_conversations)
     config = EvalConfig(prompts=str(prompts), limit=1, tree="auto:6", max_new_tokens=6)
     out = run_eval([str(folder), f"{folder}+lookup-gate"], config, target_model=fixture(), out=str(tmp_path / "eval"),
                    progress=False)
@@ -532,7 +534,7 @@ def test_run_eval_rejects_bad_settings(eagle_run, tmp_path):
 def test_auto_tree_fitted_from_measured_accuracies():
     """An oracle's rank-0 draft is always right: the best tree of 4 nodes is the chain of 4. A random drafter
     never matches: the fit falls back to chain:1 and says so."""
-    from draftheads.costmodel.calibration import fit_auto_trees
+    from draftheads.costmodel.calibration import Calibration, fit_auto_trees
     from draftheads.measurement.entries import combined_entry
 
     model, tokenizer = fixture()
@@ -540,8 +542,8 @@ def test_auto_tree_fitted_from_measured_accuracies():
     oracle = Entry("oracle", "learned", OracleDrafter(model, first), None, 0, {"tree": "auto"})
     random = random_entry(model)
     combined = combined_entry(random, "random+lookup")
-    fit_auto_trees(model, tokenizer, [oracle, random, combined], conversations(1), settings(8), AutoTreeSpec(4, "tau"),
-                   None, [])
+    fit_auto_trees(Calibration(model, tokenizer, conversations(1), settings(8)), [oracle, random, combined],
+                   AutoTreeSpec(4, "tau"))
     assert oracle.tree.paths == Tree.chain(4).paths and oracle.depth == 4
     assert oracle.info["accuracy_table"][0][:2] == [1.0, 0.0]
     assert random.tree.paths == Tree.chain(1).paths and "no draft matched" in random.info["auto_tree"]
@@ -554,7 +556,7 @@ def test_calibration_takes_as_many_prompts_as_asked_past_the_evaluated_ones(tmp_
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"Write function number {i}."}) + "\n" for i in range(8)))
     _, tokenizer = fixture()
-    settings = EvalSettings(max_new_tokens=8, max_length=256, stop_ids=[])
+    settings = EvalSettings(DecodeSettings(max_new_tokens=8, eos_token_id=[]), max_length=256)
     evaluated, _, calibration = load_conversations(str(prompts), 2, tokenizer, settings, 5)
     assert [c.prompt_id for c in evaluated] == [0, 1] and [c.prompt_id for c in calibration] == [2, 3, 4, 5, 6]
     calibration = load_conversations(str(prompts), 6, tokenizer, settings, 5)[2]
