@@ -1,4 +1,5 @@
-"""draftheads: train speculative-decoding draft heads (Medusa, EAGLE, MTP) on a frozen target.
+"""draftheads: train speculative-decoding drafters (Medusa, Medusa-2, EAGLE, EAGLE-3, MTP, DFlash, P-EAGLE) on a
+frozen target.
 
 Public API:
     load_target(spec, **opts) -> (model, tokenizer)

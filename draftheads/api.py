@@ -11,7 +11,8 @@ __all__ = ["load_target", "build_drafter", "load_drafter", "speculative_generate
 
 
 def build_drafter(head_type: str, target, **cfg):
-    """A new, untrained drafter of `head_type` ('medusa', 'eagle', 'mtp') wired to `target`.
+    """A new, untrained drafter of `head_type` (a key of heads/factory.KINDS: 'medusa', 'medusa2', 'eagle', 'eagle3',
+    'mtp', 'dflash', 'peagle') wired to `target`.
 
     `cfg` holds head hyper-parameters (the recipe's `head:` keys); values derived from the target
     (layer ids, draft vocabulary) are filled in. The drafter is bound to the target's frozen

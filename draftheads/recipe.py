@@ -24,7 +24,7 @@ from draftheads.data.datagen import DataConfig
 from draftheads.data.target import TargetConfig
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.heads.factory import HeadConfig, fit_to_target, head_config
-from draftheads.training.loop import TrainConfig
+from draftheads.training.train_config import TrainConfig
 from draftheads.training.trackers import LogConfig
 
 SECTIONS = {"target": TargetConfig, "data": DataConfig, "train": TrainConfig, "log": LogConfig, "eval": EvalConfig}

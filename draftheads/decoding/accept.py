@@ -20,9 +20,11 @@ Rules:
              its p; when every child fails (or at a leaf) the next token is drawn from r.
              Why it is exact: given everything drawn before stage j, x_j ~ q_j, so
              P(out = y) = min(r(y), q_j(y)) + (1 - sum_x min(r(x), q_j(x))) * r'(y) = r(y), because
-             the rejection mass equals the normaliser sum_x max(0, r(x) - q_j(x)) of r' (reference
-             000 §3.2). By induction from the last stage backwards, the emitted token ~ p, and the
-             walk then continues from the accepted child with that child's p.
+             the rejection mass equals the normaliser sum_x max(0, r(x) - q_j(x)) of r' (Leviathan,
+             Kalman & Matias 2023, "Fast Inference from Transformers via Speculative Decoding", Appendix
+             A.1; Chen et al. 2023, arXiv 2302.01318, Theorem 1). By induction from the last stage
+             backwards, the emitted token ~ p, and the walk then continues from the accepted child with
+             that child's p.
     typical  (Medusa) accept a child iff p(x) > min(epsilon, delta * exp(-H(p))) for its parent's p;
              longest accepted path; next token sampled from p (argmax at temperature 0). Not lossless.
 """

@@ -41,7 +41,7 @@ class GateCosts:
 
 
 def gate_costs(target, drafter, nodes: int, depth: int, lookup_depth: int, context: float) -> GateCosts:
-    """The costs at `context` cached tokens from this machine's profiles (evaluation/profile.py): target
+    """The costs at `context` cached tokens from this machine's profiles (costmodel/profile.py): target
     forwards in seconds, the drafter's pass in plain decode steps (timed beside one, so ratios survive drift).
     `nodes`: the learned tree's, root included; the grafted chain shares the root."""
     step = target.decode_step(context)

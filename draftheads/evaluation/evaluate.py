@@ -23,7 +23,7 @@ from draftheads.costmodel.profile import target_profile
 from draftheads.data.hardware import environment
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.plots import write_plots
-from draftheads.evaluation.report import format_batch_table, format_table, now, write_report
+from draftheads.evaluation.report import SHORT_COLUMNS, format_batch_table, format_table, now, write_report
 from draftheads.evaluation.report_folder import check_report_folder, report_folder
 from draftheads.evaluation.results import build_rows, results_section
 from draftheads.evaluation.saved_runs import load_eval_target
@@ -118,8 +118,9 @@ def auto_plain_entries(entries, predictions: dict, cfg, largest: int) -> list:
 
 
 def print_summary(rows: list[dict], report: dict, dtype: str) -> None:
-    """The table, the batch curve, and a warning where fp32 greedy outputs parted from plain decoding."""
-    print(format_table(rows))
+    """The short table (report.md has every column), the batch curve, and a warning where fp32 greedy outputs
+    parted from plain decoding."""
+    print(format_table(rows, SHORT_COLUMNS))
     if report["batch_curve"]:
         print(format_batch_table(report["batch_curve"]))
     broken = [r["drafter"] for r in rows if r["greedy_mismatches"]]

@@ -91,10 +91,16 @@ def _pct(x):
     return None if x is None else 100 * x
 
 
-def format_table(rows: list[dict]) -> str:
-    """The comparison table (Markdown), one line per drafter x rule x temperature (x batch size; the B column
-    only when some row is above batch size 1)."""
-    shown = [i for i, name in enumerate(TABLE_COLUMNS) if name != "B" or any(r.get("batch_size", 1) != 1 for r in rows)]
+# What a run prints: the columns a newcomer reads first. report.md has them all.
+SHORT_COLUMNS = ("drafter", "rule", "T", "tree", "B", "tau", "accept/depth", "tok/s plain", "tok/s spec", "speedup",
+                 "predicted", "greedy mismatch")
+
+
+def format_table(rows: list[dict], columns: tuple[str, ...] = TABLE_COLUMNS) -> str:
+    """The comparison table (Markdown) of `columns`, one line per drafter x rule x temperature (x batch size; the B
+    column only when some row is above batch size 1)."""
+    shown = [i for i, name in enumerate(TABLE_COLUMNS) if name in columns
+             and (name != "B" or any(r.get("batch_size", 1) != 1 for r in rows))]
     lines = ["| " + " | ".join(TABLE_COLUMNS[i] for i in shown) + " |", "|" + "---|" * len(shown)]
     lines += ["| " + " | ".join(table_row(r)[i] for i in shown) + " |" for r in rows]
     return "\n".join(lines)
