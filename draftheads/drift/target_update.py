@@ -34,6 +34,7 @@ from draftheads.data.datastore import read_meta
 from draftheads.data.hardware import resolve_device, resolve_dtype
 from draftheads.data.target import load_target
 from draftheads.data.datastore import load_rows
+from draftheads.training.batches import answered_rows
 from draftheads.drift.drift_config import UpdateConfig
 
 MARKER = "draftheads_update.json"
@@ -52,6 +53,7 @@ def update_target(data: str | Path, out: str | Path, config: UpdateConfig | None
         return out
     check_writable(out, "--out", published=True)  # now, not after the fine-tuning
     rows = load_rows(data)
+    rows = rows.select(answered_rows(rows, config.max_length, "the update's max_length", progress))   # before loading
     model, tokenizer = target if target is not None else load_target(config.base, dtype="fp32", device="cpu")
     trainable = trainable_model(model, config)
     started = time.monotonic()

@@ -38,6 +38,25 @@ def first_answers(rows) -> np.ndarray:
     return first
 
 
+def answered_rows(rows, max_length: int, setting: str, note, what: str = "rows") -> np.ndarray:
+    """The indices of the rows with an answer token left once cut to `max_length` (named `setting`, the rows `what`,
+    in messages). A row without one adds no loss, and a batch of only such rows leaves nothing to backpropagate: they
+    are left out with a `note`, and refused in one line when no row is left."""
+    first = first_answers(rows)
+    kept = np.flatnonzero(first < max_length)
+    if len(kept) == 0 and first.min() == NO_ANSWER:
+        raise DraftheadsError(f"none of the {len(rows)} {what} has an answer token after its first token; "
+                              "regenerate the data with `draftheads data`, whose rows mark the target's answers")
+    if len(kept) == 0:
+        earliest = int(first.min())
+        raise DraftheadsError(f"{setting}={max_length} leaves no answer token in any of the {len(rows)} {what} (the "
+                              f"earliest answer starts at token {earliest}); raise {setting} above {earliest}")
+    if len(kept) < len(rows):
+        note(f"draftheads: {len(rows) - len(kept)} of {len(rows)} rows keep no answer token within "
+             f"{setting}={max_length} and are left out; raise {setting} to keep them")
+    return kept
+
+
 def split_rows(n: int, eval_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(train indices, eval indices): a seeded random hold-out of round(n * eval_fraction) rows, at least 1 if asked
     for."""

@@ -211,19 +211,7 @@ def split_answered(recipe, rows, accelerator) -> tuple[np.ndarray, np.ndarray]:
     adds no loss, and a batch of only such rows leaves nothing to backpropagate: they are left out with a note, and
     refused in one line when no row is left."""
     cfg = recipe.train
-    first = B.first_answers(rows)
-    kept = np.flatnonzero(first < cfg.max_length)
-    if len(kept) == 0 and first.min() == B.NO_ANSWER:
-        raise DraftheadsError(f"none of the {len(rows)} training rows has an answer token after its first token; "
-                              "regenerate the data with `draftheads data`, whose rows mark the target's answers")
-    if len(kept) == 0:
-        earliest = int(first.min())
-        raise DraftheadsError(f"train.max_length={cfg.max_length} leaves no answer token in any of the {len(rows)} "
-                              f"training rows (the earliest answer starts at token {earliest}); raise "
-                              f"train.max_length above {earliest}")
-    if len(kept) < len(rows):
-        accelerator.print(f"draftheads: {len(rows) - len(kept)} of {len(rows)} rows keep no answer token within "
-                          f"train.max_length={cfg.max_length} and are left out; raise train.max_length to keep them")
+    kept = B.answered_rows(rows, cfg.max_length, "train.max_length", accelerator.print, "training rows")
     train, held = B.split_rows(len(kept), cfg.eval_fraction, cfg.seed)
     return kept[train], kept[held]  # every row kept: the split of all rows, as before
 

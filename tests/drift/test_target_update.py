@@ -80,3 +80,11 @@ def test_an_out_that_cannot_be_written_is_refused_before_any_work(rows_dir, tmp_
     (tmp_path / "afile").write_text("x")
     with pytest.raises(DraftheadsError, match="cannot write --out .*afile is a file, not a writable folder"):
         update_target(rows_dir, tmp_path / "afile" / "u", UpdateConfig(base=str(tmp_path / "no-target")))
+
+
+def test_rows_cut_to_no_answer_are_left_out_and_none_left_is_refused_before_the_target_loads(rows_dir, tmp_path):
+    """max_length cuts the answers of every row: one line, before any target loads (base names none that exists)."""
+    with pytest.raises(DraftheadsError, match="the update's max_length=2 leaves no answer token in any of the"):
+        update_target(rows_dir, tmp_path / "out", UpdateConfig(method="full", steps=1, max_length=2, base="nope"),
+                      progress=lambda line: None)
+    assert not (tmp_path / "out").exists()
