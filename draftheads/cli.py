@@ -397,7 +397,9 @@ def cmd_export(args) -> int:
 
     settings = _from_flags(ExportConfig, args)
     folder = export_drafter(args.source, args.format, args.out, target=args.target, overwrite=args.overwrite,
-                            dtype=args.dtype, speculative_tokens=settings.speculative_tokens)
+                            dtype=args.dtype, speculative_tokens=settings.speculative_tokens,
+                            eval_report=settings.eval_report, push_to_hub=settings.push_to_hub,
+                            private=settings.private)
     print(f"exported {args.source} as {args.format} to {folder}")
     return 0
 

@@ -343,6 +343,15 @@ CASES = [
          narrow_target),
     Case("export-weights-that-do-not-fit", ["export", "{c}/run", "--format", "tgi", "--out", "{c}/out", "--target",
                                             "{w}/target"], "does not fit the target", narrowed_weights),
+    # model cards and --push-to-hub (issue 56): every case runs with HF_HUB_OFFLINE=1
+    Case("export-missing-eval-report", [*EXPORT, "--format", "tgi", "--out", "{c}/out", "--eval-report", "{c}/nope"],
+         "--eval-report: no report at"),
+    Case("export-push-offline", [*EXPORT, "--format", "tgi", "--out", "{c}/out", "--push-to-hub", "you/drafter"],
+         "HF_HUB_OFFLINE is set, so nothing can be uploaded"),
+    Case("export-push-without-a-token", [*EXPORT, "--format", "tgi", "--out", "{c}/out", "--push-to-hub",
+                                         "you/drafter"], "no Hugging Face token",
+         env={"HF_HUB_OFFLINE": "0", "HF_TOKEN": "", "HF_HOME": "/nonexistent/hf-home",
+              "HF_TOKEN_PATH": "/nonexistent/hf-home/token"}),
 ]
 
 

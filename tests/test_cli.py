@@ -243,6 +243,16 @@ def test_every_numeric_flag_is_checked_as_its_setting_before_any_work(args, expe
     assert err.startswith("error: ") and expected in err and "\n" not in err and ("; " in err or " must " in err)
 
 
+@pytest.mark.parametrize("args, expected", [
+    ([*EXPORT, "--push-to-hub", "my drafter"], "--push-to-hub 'my drafter' is not a hub repository id; give OWNER/"),
+    ([*EXPORT, "--private"], "--private applies to the repository --push-to-hub creates; add --push-to-hub"),
+])
+def test_export_s_hub_flags_are_checked_before_any_work(args, expected, capsys):
+    assert main(args) == 2   # 'run' does not exist: the settings were refused first
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and expected in err and "\n" not in err
+
+
 def test_a_setting_s_flag_is_built_from_its_field_alone():
     """Each flag that sets a field is built from the field (its name, doc and choices), with no default or type of
     its own: the dataclass holds the default and the check, so the two cannot drift apart."""

@@ -6,6 +6,7 @@
             recipe.yaml      the resolved recipe
         best/drafter/        the best drafter so far (by simulated acceptance length)
         final/drafter/       the drafter after the last step
+        eval-<time>/         a `draftheads eval` of it: report.json, report.md (where no --out is given)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ DRAFTER = "drafter"
 FINAL = "final"
 BEST = "best"
 STEP_RE = re.compile(r"^step_(\d{6,})$")
+EVAL_PREFIX = "eval-"   # + a sortable timestamp: an evaluation's report folder (evaluation/report_folder.py)
 DATA_MARKER = "draftheads_data.json"  # what makes a folder a `draftheads data` folder (data/datastore.py)
 
 

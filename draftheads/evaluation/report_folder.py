@@ -7,6 +7,7 @@ import datetime
 from pathlib import Path
 
 from draftheads.core.errors import DraftheadsError
+from draftheads.core.run_folder import EVAL_PREFIX
 from draftheads.core.writable import check_writable
 from draftheads.measurement.drafter_specs import split_spec
 
@@ -33,5 +34,5 @@ def report_folder(out: str | None, drafters: list[str]) -> Path:
     for spec in drafters:
         path = Path(split_spec(spec)[0])
         if path.is_dir() and (path / "final").is_dir():
-            return path / f"eval-{stamp}"
-    return Path("runs") / f"eval-{stamp}"
+            return path / f"{EVAL_PREFIX}{stamp}"
+    return Path("runs") / f"{EVAL_PREFIX}{stamp}"

@@ -3,7 +3,9 @@
 native drafter folder (or run folder) -> checks (head kind x format x target family) -> the
 engine module's writer (tensors renamed, the engine's config.json) -> OUT, written atomically. A
 folder an engine would mis-load silently is never written: such combinations are a one-line error
-that lists the formats this drafter supports. `draftheads_export.json` records where it came from.
+that lists the formats this drafter supports. `draftheads_export.json` records where it came from,
+and README.md is its model card (interop/model_card.py: the serve command, the tau an eval measured).
+With `push_to_hub`, the folder is then uploaded (interop/hub_upload.py).
 
 Export never removes what it did not write: OUT must be new, empty, or (with `overwrite`) a
 previous export of the same format; a run folder, a data folder, or a folder holding the drafter
@@ -30,7 +32,9 @@ from draftheads.core.run_folder import BEST, DATA_MARKER, DRAFTER, FINAL, incomp
 from draftheads.core.writable import check_writable
 from draftheads.interop import deepseek_mtp, llama_cpp, sglang, speculators, tgi, vllm
 from draftheads.interop.export_config import ExportConfig
-from draftheads.interop.layout import Layout
+from draftheads.interop.hub_upload import check_can_push, push_folder
+from draftheads.interop.layout import LABELS, Layout
+from draftheads.interop.model_card import find_measured, write_card
 from draftheads.interop.native import (CONFIG, EAGLE3_KINDS, PROVENANCE, WEIGHTS, SavedDrafter, check_fits_target,
                                       read_export_record)
 from draftheads.interop.vocab_mapping import write_vocab_mappings
@@ -43,14 +47,13 @@ FOLDER_FORMATS = ("llama.cpp",)
 # converter defaults to half precision
 DEFAULT_DTYPES = {"llama.cpp": "fp16"}
 FORMATS = ("native", *ENGINES)
-LABELS = {"eagle3": "EAGLE-3", "eagle": "EAGLE", "medusa": "Medusa", "medusa2": "Medusa-2", "mtp": "MTP",
-          "dflash": "DFlash", "peagle": "P-EAGLE"}
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dtype: str | None = None,
-                   speculative_tokens: int | None = None, target_gguf=None) -> Path:
+                   speculative_tokens: int | None = None, target_gguf=None, eval_report: str | None = None,
+                   push_to_hub: str | None = None, private: bool = False) -> Path:
     """Write the drafter at `src` (drafter or run folder) as `fmt` into folder `out`.
 
     `target` (a loaded model, a local path or a hub id) is needed only when the drafter's own
@@ -58,14 +61,19 @@ def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dty
     in `out` be replaced. `dtype` (bf16, fp16, fp32) casts the floating-point tensors (default: as saved, the fp32
     master weights). `speculative_tokens`: the draft length written where an engine config takes one (default: the
     length the drafter was trained for). `target_gguf`: llama.cpp only, the target GGUF the drafter runs with (default:
-    `target` when it is a .gguf file, else the drafter's recorded target: a .gguf file or the embedded one). Returns
-    `out`.
+    `target` when it is a .gguf file, else the drafter's recorded target: a .gguf file or the embedded one).
+    `eval_report`: the eval report the model card cites (default: the newest in the drafter's run folder that measured
+    it). `push_to_hub`: a hub repository (OWNER/NAME) the folder is then uploaded to, created `private` if new.
+    Returns `out`.
     """
     if fmt not in FORMATS:
         raise DraftheadsError(f"unknown export format '{fmt}'{suggest(fmt, FORMATS)}; use one of {', '.join(FORMATS)}")
     if dtype is not None and dtype not in DTYPES:
         raise DraftheadsError(f"unknown export dtype '{dtype}'; use one of {', '.join(DTYPES)}")
-    ExportConfig(speculative_tokens=speculative_tokens)   # checked as the flag is
+    ExportConfig(speculative_tokens=speculative_tokens, eval_report=eval_report, push_to_hub=push_to_hub,
+                 private=private)   # checked as the flags are
+    if push_to_hub:
+        check_can_push(push_to_hub)   # before any work
     dtype = dtype or DEFAULT_DTYPES.get(fmt)
     saved = SavedDrafter.read(src, target, dtype=DTYPES.get(dtype), speculative_tokens=speculative_tokens)
     out = Path(out).expanduser()
@@ -73,6 +81,18 @@ def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dty
     if fmt != "native":
         check_allowed(saved, fmt)
     check_fits_target(saved)  # what eval checks when it loads the drafter: no folder an engine cannot load
+    measured = find_measured(saved, eval_report)
+    folder = write_export(saved, fmt, out, dtype, target, target_gguf, measured, push_to_hub)
+    if push_to_hub:
+        url = push_folder(folder, push_to_hub, private, f"draftheads export: {LABELS[saved.kind]} drafter for "
+                                                        f"{saved.target_name() or 'its target'} ({fmt})")
+        print(f"draftheads export: uploaded {folder} to {url}", flush=True)
+    return folder
+
+
+def write_export(saved: SavedDrafter, fmt: str, out: Path, dtype: str | None, target, target_gguf, measured,
+                 repo: str | None) -> Path:
+    """The export folder, written atomically: the engine's files, the export record and the model card."""
     provenance = {"format": fmt, "source": str(saved.folder), "head": to_dict(saved.head),
                   "target": saved.config.get("target"), "feature_layers": saved.config.get("feature_layers")}
     if fmt == "native":
@@ -84,6 +104,7 @@ def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dty
                           metadata={"format": "pt"})
             write_mappings(tmp, saved)
             (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
+            write_card(tmp, saved, fmt, provenance, measured, out, repo)
 
         return write_folder(out, copy)
     if fmt in FOLDER_FORMATS:
@@ -91,8 +112,9 @@ def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dty
         def fill_engine_folder(tmp: Path) -> None:
             gguf = target_gguf or (target if isinstance(target, (str, os.PathLike)) and str(target).endswith(".gguf")
                                    else None)
-            record = ENGINES[fmt].WRITERS[saved.kind](saved, tmp, gguf)
-            (tmp / PROVENANCE).write_text(json.dumps({**provenance, **record}, indent=2) + "\n")
+            record = {**provenance, **ENGINES[fmt].WRITERS[saved.kind](saved, tmp, gguf)}
+            (tmp / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n")
+            write_card(tmp, saved, fmt, record, measured, out, repo)
 
         return write_folder(out, fill_engine_folder)
     tensors, config, weights_file = ENGINES[fmt].WRITERS[saved.kind](saved)
@@ -102,6 +124,7 @@ def export_drafter(src, fmt: str, out, target=None, overwrite: bool = False, dty
         (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
         write_mappings(tmp, saved)
         (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
+        write_card(tmp, saved, fmt, provenance, measured, out, repo)
 
     return write_folder(out, fill)
 

@@ -27,6 +27,9 @@ VLLM = "vllm-project/vllm"
 SGLANG = "sgl-project/sglang"
 TGI = "huggingface/text-generation-inference"
 SPECULATORS = "vllm-project/speculators"
+# each head kind as people write it
+LABELS = {"eagle3": "EAGLE-3", "eagle": "EAGLE", "medusa": "Medusa", "medusa2": "Medusa-2", "mtp": "MTP",
+          "dflash": "DFlash", "peagle": "P-EAGLE"}
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ EAGLE-3 and DFlash drafters read target layers' outputs, which SGLang asks of th
 
 from __future__ import annotations
 
+import shlex
+
 from draftheads.core.errors import DraftheadsError
 from draftheads.interop.dflash_layout import ARCHITECTURE as DFLASH_ARCHITECTURE
 from draftheads.interop.dflash_layout import dflash_config, dflash_tensors, dflash_to_engine
@@ -174,3 +176,16 @@ def write_dflash(s: SavedDrafter):
 
 
 WRITERS = {"eagle": write_eagle, "eagle3": write_eagle3, "dflash": write_dflash}
+
+ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "dflash": "DFLASH"}   # --speculative-algorithm of each kind
+
+
+def serve_command(s: SavedDrafter, model: str, target: str) -> str:
+    """SGLang's server for `target` drafting with the folder `model`: EAGLE drafters a chain of the export's draft
+    length (n steps, top-1, n + 1 tokens verified), DFlash its block (the folder's block_size)."""
+    command = (f"python -m sglang.launch_server --model-path {shlex.quote(target)} --speculative-algorithm "
+               f"{ALGORITHMS[s.kind]} --speculative-draft-model-path {shlex.quote(model)}")
+    if s.kind == "dflash":
+        return command
+    n = s.speculative_tokens
+    return f"{command} --speculative-num-steps {n} --speculative-eagle-topk 1 --speculative-num-draft-tokens {n + 1}"

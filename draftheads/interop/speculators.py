@@ -6,6 +6,8 @@ with speculators' own config).
 
 from __future__ import annotations
 
+import shlex
+
 from draftheads.core.errors import DraftheadsError
 from draftheads.interop.dflash_layout import dflash_tensors, dflash_to_engine, read_dflash
 from draftheads.interop.eagle_layout import (
@@ -184,3 +186,9 @@ def refusal(saved: SavedDrafter) -> str | None:
 
 
 WRITERS = {"eagle3": write_eagle3, "peagle": write_peagle, "dflash": write_dflash}
+
+
+def serve_command(s: SavedDrafter, model: str, target: str) -> str:
+    """vLLM given the speculators folder `model` alone: its speculators_config names the verifier (the target) and
+    the draft length."""
+    return f"vllm serve {shlex.quote(model)}"

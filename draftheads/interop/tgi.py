@@ -5,6 +5,7 @@ MedusaHeadV1 with own lm heads, which is also the Medusa v0.1 reference layout),
 from __future__ import annotations
 
 import re
+import shlex
 
 import torch
 
@@ -110,3 +111,9 @@ def refusal(saved: SavedDrafter) -> str | None:
 
 
 WRITERS = {"medusa": write_medusa}
+
+
+def serve_command(s: SavedDrafter, model: str, target: str) -> str:
+    """TGI given the Medusa folder `model` as the model: it loads the target its base_model_name_or_path names and
+    speculates with every head."""
+    return f"text-generation-launcher --model-id {shlex.quote(model)}"

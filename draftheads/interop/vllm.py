@@ -12,7 +12,9 @@ EAGLE-3, P-EAGLE and DFlash drafters read target layers' outputs, which vLLM ask
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 
 import torch
 
@@ -354,3 +356,17 @@ def refusal(saved: SavedDrafter) -> str | None:
 
 WRITERS = {"medusa": write_medusa, "eagle": write_eagle, "eagle3": write_eagle3, "dflash": write_dflash,
            "peagle": write_peagle}
+
+# the speculative config's method for each kind (the layouts' engines); P-EAGLE is method eagle3 + parallel_drafting
+METHODS = {"medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3", "peagle": "eagle3", "dflash": "dflash"}
+
+
+def serve_command(s: SavedDrafter, model: str, target: str) -> str:
+    """`vllm serve` of `target` drafting with the folder `model` (a path or hub id), at the export's draft length."""
+    config = {"method": METHODS[s.kind], "model": model, "num_speculative_tokens": s.speculative_tokens}
+    note = ""
+    if s.kind == "peagle":
+        config["parallel_drafting"] = True
+        note = ("# vLLM 0.34.0 refuses parallel_drafting (earlier releases take it); without it this folder drafts "
+                "as EAGLE-3\n")
+    return f"{note}vllm serve {shlex.quote(target)} --speculative-config {shlex.quote(json.dumps(config))}"

@@ -649,7 +649,7 @@ def test_native_export_validates_and_copies(natives, tmp_path):
     drafter, native = natives("llama", "eagle")
     out = export_drafter(native, "native", tmp_path / "copy")
     assert sorted(p.name for p in out.iterdir()) == sorted([p.name for p in native.iterdir()]
-                                                           + ["draftheads_export.json"])
+                                                           + ["draftheads_export.json", "README.md"])
     # eagle tensors, medusa config
     broken = edited_native(native, tmp_path / "broken", {"type": "medusa", "num_heads": 2})
     with pytest.raises(DraftheadsError, match="does not match its config.json"):

@@ -59,6 +59,10 @@ def test_a_users_folder_keeps_its_files(run, tmp_path):
     (mine / "notes.txt").write_text("keep me")
     refused(run, mine, "not empty and is not a draftheads export", overwrite=True)
     assert (mine / "notes.txt").read_text() == "keep me"
+    card = tmp_path / "runs" / "card"   # a model card alone is no export of ours: the export record makes one
+    card.mkdir()
+    (card / "README.md").write_text("---\nlicense: mit\n---\n")
+    refused(run, card, "not empty and is not a draftheads export", overwrite=True)
     (tmp_path / "runs" / "afile").write_text("x")
     refused(run, tmp_path / "runs" / "afile", "is a file")
     refused(run, tmp_path / "runs" / "afile" / "below", "not a writable folder")
@@ -67,6 +71,7 @@ def test_a_users_folder_keeps_its_files(run, tmp_path):
 def test_a_previous_export_is_replaced_only_with_overwrite_and_only_by_the_same_format(run, tmp_path):
     out = tmp_path / "runs" / "exported"
     export_drafter(run, "vllm", out)
+    assert (out / "README.md").is_file()   # its model card is part of it
     refused(run, out, "previous 'vllm' export; pass --overwrite")
     refused(run, out, "previous 'vllm' export, not 'tgi'", fmt="tgi", overwrite=True)
     (out / "config.json").write_text("{}")  # replaced, not merged: the export is whole again

@@ -24,11 +24,14 @@ H, V, I, Q, KV, D, HEADS, KV_HEADS = 64, 384, 128, 64, 32, 16, 4, 2   # the tiny
 VD = 100
 
 
-def write_target_gguf(path, tokenizer, arch="llama", layers=4, hidden=H, vocab=V):
-    """A metadata-only GGUF standing in for the target: what the export reads of it (architecture, sizes, tokenizer)."""
+def write_target_gguf(path, tokenizer, arch="llama", layers=4, hidden=H, vocab=V, licence=None):
+    """A metadata-only GGUF standing in for the target: what the export reads of it (architecture, sizes, tokenizer,
+    and general.license when given)."""
     from gguf import GGUFWriter
 
     writer = GGUFWriter(str(path), arch=arch)
+    if licence:
+        writer.add_string("general.license", licence)
     writer.add_uint32(f"{arch}.block_count", layers)
     writer.add_uint32(f"{arch}.embedding_length", hidden)
     writer.add_string("tokenizer.ggml.model", "gpt2")
