@@ -34,7 +34,7 @@ from draftheads.interop import deepseek_mtp, llama_cpp, sglang, speculators, tgi
 from draftheads.interop.export_config import ExportConfig
 from draftheads.interop.hub_upload import check_can_push, push_folder
 from draftheads.interop.layout import LABELS, Layout
-from draftheads.interop.model_card import find_measured, write_card
+from draftheads.interop.model_card import find_measured, front_matter, target_licence, write_card
 from draftheads.interop.native import (CONFIG, EAGLE3_KINDS, PROVENANCE, WEIGHTS, SavedDrafter, check_fits_target,
                                       read_export_record)
 from draftheads.interop.vocab_mapping import write_vocab_mappings
@@ -112,7 +112,11 @@ def write_export(saved: SavedDrafter, fmt: str, out: Path, dtype: str | None, ta
         def fill_engine_folder(tmp: Path) -> None:
             gguf = target_gguf or (target if isinstance(target, (str, os.PathLike)) and str(target).endswith(".gguf")
                                    else None)
-            record = {**provenance, **ENGINES[fmt].WRITERS[saved.kind](saved, tmp, gguf)}
+            source = ENGINES[fmt].target_gguf(saved, gguf)
+            # the card's front matter (base model, licence, tags) also goes into the GGUF, as llama.cpp's converter
+            # puts a model folder's README.md there
+            metadata = front_matter(saved, fmt, target_licence(saved, online=repo is not None, gguf=source)[0])
+            record = {**provenance, **ENGINES[fmt].WRITERS[saved.kind](saved, tmp, source, metadata)}
             (tmp / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n")
             write_card(tmp, saved, fmt, record, measured, out, repo)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf.metadata import Metadata
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.targets import ALIASES, embedded_gguf
@@ -157,12 +158,12 @@ def field_value(reader, key: str):
 
 # ---- the drafter GGUF ---------------------------------------------------------------------------
 
-def fill_export(saved: SavedDrafter, folder: Path, given_gguf=None) -> dict:
+def fill_export(saved: SavedDrafter, folder: Path, given_gguf=None, card: dict | None = None) -> dict:
     """Write the drafter GGUF and the target GGUF (`given_gguf`, else found by target_gguf) into `folder`; returns what
-    the provenance file records."""
+    the provenance file records. `card`: the model card's front matter, written as the GGUF's general.* fields."""
     source = target_gguf(saved, given_gguf)
     reader = check_target_gguf(saved, source)
-    write_drafter_gguf(saved, folder / DRAFTER_FILE, reader)
+    write_drafter_gguf(saved, folder / DRAFTER_FILE, reader, card or {})
     link_or_copy(source, folder / source.name)
     n = saved.speculative_tokens
     command = (f"llama-server -m {source.name} -md {DRAFTER_FILE} --spec-type draft-eagle3 --spec-draft-n-max {n}")
@@ -170,13 +171,17 @@ def fill_export(saved: SavedDrafter, folder: Path, given_gguf=None) -> dict:
                           "draft_tokens": n, "command": command}}
 
 
-def write_drafter_gguf(saved: SavedDrafter, path: Path, target_reader) -> None:
+def write_drafter_gguf(saved: SavedDrafter, path: Path, target_reader, card: dict) -> None:
     layer = saved.layer_config()
     heads, kv_heads = layer.num_attention_heads, layer.num_key_value_heads
     head_dim = getattr(layer, "head_dim", None) or layer.hidden_size // heads
     matrix_type = GGML_TYPES[saved.dtype]
     writer = GGUFWriter(str(path), arch=ARCH)
-    writer.add_string("general.name", f"draftheads EAGLE-3 drafter for {saved.target_name() or 'its target'}")
+    # gguf's own reading of a model card: the base model's name, organisation and URL, the licence and the tags,
+    # under the keys llama.cpp's converter writes them
+    general = Metadata.apply_metadata_heuristic(Metadata(), model_card=card)
+    general.name = f"draftheads EAGLE-3 drafter for {saved.target_name() or 'its target'}"
+    general.set_gguf_meta_model(writer)
     writer.add_uint32("general.file_type", FILE_TYPES[matrix_type])
     for key, value in hyperparameters(saved, layer, head_dim).items():
         add_value(writer, key, value)

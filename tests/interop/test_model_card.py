@@ -165,6 +165,32 @@ def test_the_embedded_target_is_named_by_its_hub_checkpoint(world, tmp_path, mon
     assert "embedded target `smollm2-135m`" in body
 
 
+def test_the_llama_cpp_gguf_carries_the_cards_base_model_licence_and_tags(world, tmp_path, monkeypatch, tokenizer):
+    """The drafter GGUF holds the card's front matter as general.* fields, read by gguf's own model-card parser
+    (what llama.cpp's converter writes of a folder's README.md), so a GGUF-only user sees them too."""
+    from gguf import GGUFReader
+
+    from draftheads.interop.llama_cpp import field_value
+
+    root, target = world
+    target.name_or_path = "someone/tiny-llama"
+    try:
+        drafter = build_drafter("eagle3", target, **HEADS["eagle3"])
+        drafter.vocab.choose(torch.randint(0, 1000, (V,)))
+        native = save_drafter(drafter, tmp_path / "drafter", target=target)
+    finally:
+        target.name_or_path = str(root / "target")
+    out = export_drafter(native, "llama.cpp", tmp_path / "gguf", target=target, target_gguf=root / "target.gguf")
+    front, _ = read_card(out)
+    reader = GGUFReader(str(out / "drafter.gguf"))
+    assert field_value(reader, "general.license") == front["license"] == "mit"
+    assert field_value(reader, "general.tags") == front["tags"]
+    assert field_value(reader, "general.base_model.count") == 1
+    assert field_value(reader, "general.base_model.0.organization") == "Someone"   # gguf title-cases it
+    assert field_value(reader, "general.base_model.0.repo_url") == "https://huggingface.co/someone/tiny-llama"
+    assert field_value(reader, "general.name").startswith("draftheads EAGLE-3 drafter for someone/tiny-llama")
+
+
 # ---- the tau an evaluation measured ------------------------------------------------------------------------------
 
 def measured_rows(body: str) -> list[list[str]]:
