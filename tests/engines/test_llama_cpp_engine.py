@@ -70,7 +70,8 @@ def test_llama_cpp_runs_our_eagle3_drafter_losslessly_and_accepts_its_drafts(eng
 def test_our_gguf_is_what_llama_cpps_converter_makes_of_our_vllm_export(engine, trained, tmp_path):
     """The converter (vendored beside the build) on our vLLM folder and the embedded target's Hugging Face folder
     gives the same tensors, bit for bit, and the same metadata: the fields it writes that we do not are its own
-    labels, and tokenizer.ggml.add_space_prefix is the target GGUF's own field, which we copy."""
+    labels, and tokenizer.ggml.add_space_prefix is the target GGUF's own field, which we copy. Both read the base model,
+    licence and tags from a model card (the converter the vLLM folder's README.md, ours the card's front matter)."""
     import subprocess
     import sys
 
@@ -93,8 +94,10 @@ def test_our_gguf_is_what_llama_cpps_converter_makes_of_our_vllm_export(engine, 
     fields_b = {k: f for k, f in b.fields.items() if not k.startswith("GGUF.")}
     assert set(fields_a) - set(fields_b) <= {"tokenizer.ggml.add_space_prefix"}
     assert set(fields_b) - set(fields_a) <= {"general.quantization_version", "general.size_label", "general.type"}
-    for key in set(fields_a) & set(fields_b) - {"general.name"}:
+    for key in set(fields_a) & set(fields_b) - {"general.name", "general.tags"}:
         assert fields_a[key].contents() == fields_b[key].contents(), key
+    # the converter read the vLLM folder's model card; ours is the llama.cpp card, whose tags add gguf
+    assert fields_a["general.tags"].contents() == fields_b["general.tags"].contents() + ["gguf"]
     tensors_b = {t.name: t for t in b.tensors}
     assert {t.name for t in a.tensors} == set(tensors_b)
     for t in a.tensors:
