@@ -80,6 +80,30 @@ def test_a_draft_layer_built_for_the_target_computes_its_global_layer(family):
     at_most((hidden - states[index + 1]).abs().max().item(), TOLERANCE, f"{family}: built draft layer")
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_parameter_of_a_draft_layer_is_initialised(family):
+    """MoE experts and routers are torch.empty in transformers' constructors, initialised only by the model's
+    _init_weights: a draft layer built on its own held whatever memory it got (a Mixtral EAGLE drafter trained to NaN
+    on one machine and not on another). Built here with torch.empty's memory filled with NaN, so anything left
+    uninitialised shows; built twice from one seed, it is the same layer."""
+    target = family_target(family)
+    deterministic, fill = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        layers = []
+        for _ in range(2):
+            torch.manual_seed(0)
+            layers.append(build_decoder_layer(target.config))
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+    for name, p in layers[0].named_parameters():
+        assert torch.isfinite(p).all(), f"{family}: {name} left uninitialised"
+        assert p.abs().max() < 10, f"{family}: {name} initialised out of scale"
+        assert torch.equal(p, layers[1].get_parameter(name)), f"{family}: {name} differs between two builds"
+
+
 @torch.no_grad()
 def test_each_convention_left_out_would_be_caught():
     """The checks above are not vacuous: Gemma 3's local rotary on its global layer, Gemma 2's lm_head without its

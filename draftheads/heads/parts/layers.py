@@ -13,6 +13,7 @@ import inspect
 import torch
 from torch import nn
 from transformers import LlamaConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from draftheads.core.errors import DraftheadsError
@@ -45,7 +46,53 @@ def build_decoder_layer(target_config, kind: str = "target") -> nn.Module:
     Llama layer with the target's sizes ('llama', the layer every engine's EAGLE-3 class builds)."""
     if kind == "llama":
         return LlamaDecoderLayer(llama_layer_config(target_config), 0)
-    return decoder_layer_class(target_config)(draft_layer_config(target_config), 0)
+    config = draft_layer_config(target_config)
+    layer = built_with_nan_for_empty(lambda: decoder_layer_class(target_config)(config, 0))
+    initialise_what_the_model_would(layer, config, pretrained_class(target_config))
+    return layer
+
+
+def built_with_nan_for_empty(build):
+    """build(), with the memory torch.empty hands out filled with NaN (torch's deterministic mode does that), so that
+    parameters a constructor leaves uninitialised can be told apart. Random draws are unchanged."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        return build()
+    finally:
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
+def initialise_what_the_model_would(layer: nn.Module, config, model_class: type) -> None:
+    """Initialise the parameters `layer`'s constructor left empty, as its model class does when it is built.
+
+    transformers' MoE experts and routers (Mixtral, Qwen3-MoE, GLM-4 MoE, DeepSeek-V3) are torch.empty in their
+    constructors and initialised only by the model's _init_weights: a layer built on its own held whatever memory it
+    was given, NaN or 1e21 on one machine and near zero on another. Modules whose parameters the constructor did set
+    are left alone, so every other layer keeps the initialisation (and the random draws) it had."""
+    left = [m for m in layer.modules() if any(p.is_floating_point() and torch.isnan(p).any()
+                                              for p in m.parameters(recurse=False))]
+    if not left:
+        return
+    model = model_class(config)   # the family's PreTrainedModel holds only the config: no layers are built
+    with torch.no_grad():
+        for module in left:
+            model._init_weights(module)
+    still = [name for name, p in layer.named_parameters() if p.is_floating_point() and torch.isnan(p).any()]
+    if still:
+        raise DraftheadsError(f"the {type(layer).__name__} draft layer leaves {', '.join(still)} uninitialised and "
+                              f"{type(model).__name__} does not initialise them; this target's layer class is not "
+                              "supported as a draft layer (head.draft_layer: llama builds a Llama layer)")
+
+
+def pretrained_class(target_config) -> type:
+    """The target family's PreTrainedModel class: the one whose _init_weights its causal-LM class inherits."""
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(target_config)]
+    return next(c for c in model_class.__mro__ if "_init_weights" in vars(c))
 
 
 def llama_layer_config(target_config):
