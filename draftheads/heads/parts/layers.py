@@ -74,8 +74,8 @@ def initialise_what_the_model_would(layer: nn.Module, config, model_class: type)
     constructors and initialised only by the model's _init_weights: a layer built on its own held whatever memory it
     was given, NaN or 1e21 on one machine and near zero on another. Modules whose parameters the constructor did set
     are left alone, so every other layer keeps the initialisation (and the random draws) it had."""
-    left = [m for m in layer.modules() if any(p.is_floating_point() and torch.isnan(p).any()
-                                              for p in m.parameters(recurse=False))]
+    left = [m for m in layer.modules() if any(p.is_floating_point() and not p.is_meta and torch.isnan(p).any()
+                                              for p in m.parameters(recurse=False))]   # meta: a shape check only
     if not left:
         return
     model = model_class(config)   # the family's PreTrainedModel holds only the config: no layers are built
