@@ -87,7 +87,8 @@ def test_every_parameter_of_a_draft_layer_is_initialised(family):
     on one machine and not on another). Built here with torch.empty's memory filled with NaN, so anything left
     uninitialised shows; built twice from one seed, it is the same layer."""
     target = family_target(family)
-    deterministic, fill = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
     torch.use_deterministic_algorithms(True)
     torch.utils.deterministic.fill_uninitialized_memory = True
     try:
