@@ -86,7 +86,10 @@ def same_bits(a, b) -> bool:
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-@pytest.mark.parametrize("processes", [1, 2, "fsdp", pytest.param("deepspeed", marks=needs_deepspeed)],
+# FSDP's and ZeRO-2's resume (~30 s each: two launches of two processes, killed twice) run with the slow tests;
+# the fast part keeps one process and DDP, which share the checkpoint and resume code with them
+@pytest.mark.parametrize("processes", [1, 2, pytest.param("fsdp", marks=pytest.mark.slow),
+                                       pytest.param("deepspeed", marks=[needs_deepspeed, pytest.mark.slow])],
                          ids=["one-process", "ddp-2", "fsdp-2", "zero2-2"])
 def test_killed_twice_then_resumed_equals_an_uninterrupted_run(tmp_path, recipe_file, processes):
     straight = launch(recipe_file(tmp_path / "straight"), processes)
