@@ -137,6 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="folder for profile.json and profile.png (default: runs/profile-TIME)")
     p.set_defaults(handler=cmd_profile, parser=p)
 
+    p = sub.add_parser("shipped", help="write the MTP drafter a target's checkpoint ships (DeepSeek-V3, GLM-4.5, "
+                                       "Qwen3-Next, Qwen3.5) as a drafter folder: eval's baseline, a fine-tune's start")
+    p.add_argument("target", help="the target: a checkpoint folder or Hugging Face id")
+    p.add_argument("--out", required=True, help="the drafter folder to write")
+    p.add_argument("--depth", type=int, default=3, help="draft steps (past the shipped modules, steps rerun them)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    p.set_defaults(handler=cmd_shipped, parser=p)
+
     p = sub.add_parser("export", help="export a drafter for a serving engine")
     p.add_argument("source", help="run folder or drafter folder")
     p.add_argument("--format", required=True, help="native, or an engine format")
@@ -401,6 +409,14 @@ def cmd_export(args) -> int:
                             eval_report=settings.eval_report, push_to_hub=settings.push_to_hub,
                             private=settings.private)
     print(f"exported {args.source} as {args.format} to {folder}")
+    return 0
+
+
+def cmd_shipped(args) -> int:
+    from draftheads.interop.shipped_mtp import save_shipped
+
+    folder = save_shipped(args.target, args.out, depth=args.depth, dtype=args.dtype)
+    print(f"wrote the drafter {args.target} ships to {folder}")
     return 0
 
 

@@ -8,8 +8,11 @@ SmolLM2/Qwen2 use it, Llama-3).
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -111,3 +114,64 @@ def make_target(family: str = "llama", tokenizer=None, seed: int = 0, attn: str 
         model.get_output_embeddings().weight.mul_(8.0)
     model.requires_grad_(False).eval()
     return model
+
+
+# ---- checkpoints that ship MTP layers -------------------------------------------------------------------------------
+
+QWEN_MTP = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+
+
+def shipped_mtp_checkpoint(config, tokenizer, folder, seed: int = 0) -> Path:
+    """Save a tiny model of `config` (N + 1 layers) whose last layer becomes the MTP layer its release ships, in the
+    real key layout: transformers' own save_pretrained writes it (sharded, per-expert MoE keys), then the last layer
+    stays at model.layers.{N} with NextN's enorm, hnorm, eh_proj and shared_head (DeepSeek-V3, GLM-4.5), or is
+    renamed mtp.layers.0 beside mtp.fc, mtp.pre_fc_norm_* and mtp.norm (Qwen3-Next, Qwen3.5), and config.json says
+    N layers. Nothing here uses draftheads' own key mapping."""
+    for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
+        setattr(config, name, getattr(tokenizer, name))
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    folder = Path(folder)
+    model.save_pretrained(folder, max_shard_size="200KB")
+    tokenizer.save_pretrained(folder)
+    _make_last_layer_mtp(folder, model, seed)
+    return folder
+
+
+def _make_last_layer_mtp(folder: Path, model, seed: int) -> None:
+    index_file = folder / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    layers = model.config.num_hidden_layers - 1
+    prefix, hidden = f"model.layers.{layers}.", model.config.hidden_size
+    qwen = model.config.model_type in QWEN_MTP
+    g = torch.Generator().manual_seed(seed + 1)
+
+    def norm():   # Qwen's norms are 1 + w (w starts at 0); NextN's are w (starts at 1)
+        return torch.randn(hidden, generator=g) * 0.1 + (0.0 if qwen else 1.0)
+
+    proj = torch.randn(hidden, 2 * hidden, generator=g) * 0.05
+    if qwen:
+        extra = {"mtp.fc.weight": proj, "mtp.pre_fc_norm_embedding.weight": norm(),
+                 "mtp.pre_fc_norm_hidden.weight": norm(), "mtp.norm.weight": norm()}
+        rename = {k: "mtp.layers.0." + k[len(prefix):] for k in index["weight_map"] if k.startswith(prefix)}
+    else:
+        extra = {prefix + "enorm.weight": norm(), prefix + "hnorm.weight": norm(), prefix + "eh_proj.weight": proj,
+                 prefix + "shared_head.norm.weight": norm(),
+                 prefix + "shared_head.head.weight": model.lm_head.weight.detach().clone(),
+                 prefix + "embed_tokens.weight": model.get_input_embeddings().weight.detach().clone()}
+        rename = {}
+    for file in sorted({index["weight_map"][k] for k in rename}):
+        tensors = load_file(str(folder / file))
+        save_file({rename.get(k, k): v for k, v in tensors.items()}, str(folder / file), metadata={"format": "pt"})
+    index["weight_map"] = {rename.get(k, k): v for k, v in index["weight_map"].items()}
+    save_file(extra, str(folder / "model-mtp.safetensors"), metadata={"format": "pt"})
+    index["weight_map"].update({k: "model-mtp.safetensors" for k in extra})
+    index_file.write_text(json.dumps(index, indent=2))
+    config = json.loads((folder / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    if "layer_types" in config:
+        config["layer_types"] = config["layer_types"][:layers]
+    config["mtp_num_hidden_layers" if qwen else "num_nextn_predict_layers"] = 1
+    (folder / "config.json").write_text(json.dumps(config, indent=2))

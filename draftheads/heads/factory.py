@@ -5,7 +5,7 @@
     drafter = new_drafter(config, target.config)               # resolved, unbound: shapes only (export checks)
 
 A head's `type` picks its config class and its module (`KINDS`): medusa, medusa2, eagle (EAGLE-1/2), eagle3, mtp,
-dflash and peagle (block-parallel).
+dflash and peagle (block-parallel), and native (the MTP layers a checkpoint ships).
 """
 
 from __future__ import annotations
@@ -27,13 +27,16 @@ from draftheads.heads.eagle3 import Eagle3Config, Eagle3Drafter
 from draftheads.heads.medusa import MedusaConfig, MedusaDrafter
 from draftheads.heads.medusa2 import Medusa2Config, Medusa2Drafter
 from draftheads.heads.mtp import MTPConfig, MTPDrafter
+from draftheads.heads.native_mtp import NativeConfig
 from draftheads.heads.parts.common import place_like
 from draftheads.heads.peagle import PEagleConfig, PEagleDrafter
 
 KINDS = {"medusa": (MedusaConfig, MedusaDrafter), "medusa2": (Medusa2Config, Medusa2Drafter),
          "eagle": (EagleConfig, EagleDrafter), "eagle3": (Eagle3Config, Eagle3Drafter), "mtp": (MTPConfig, MTPDrafter),
-         "dflash": (DFlashConfig, DFlashDrafter), "peagle": (PEagleConfig, PEagleDrafter)}
-HeadConfig = MedusaConfig | Medusa2Config | EagleConfig | Eagle3Config | MTPConfig | DFlashConfig | PEagleConfig
+         "dflash": (DFlashConfig, DFlashDrafter), "peagle": (PEagleConfig, PEagleDrafter),
+         "native": (NativeConfig, MTPDrafter)}   # a checkpoint's own MTP layers: MTP modules of its structure
+HeadConfig = (MedusaConfig | Medusa2Config | EagleConfig | Eagle3Config | MTPConfig | DFlashConfig | PEagleConfig
+              | NativeConfig)
 
 # Before EAGLE-3 and Medusa-2 were kinds of their own they were flags of EAGLE's and Medusa's configs; a head
 # written that way (an older recipe or drafter folder) is read as its kind. Settings the kind does not have (the
@@ -41,7 +44,7 @@ HeadConfig = MedusaConfig | Medusa2Config | EagleConfig | Eagle3Config | MTPConf
 FLAGS = {("eagle", "eagle3"): "eagle3", ("medusa", "medusa2"): "medusa2"}
 OTHER_VARIANT = {"eagle": ("feature_layers", "draft_layer"), "eagle3": ("feature_loss_weight", "token_loss_weight"),
                  "medusa": ("medusa2_loss", "medusa2_head_weight", "lora_r", "lora_alpha", "lora_dropout",
-                            "lora_target_modules"), "medusa2": (), "dflash": (), "peagle": ()}
+                            "lora_target_modules"), "medusa2": (), "dflash": (), "peagle": (), "native": ()}
 RENAMED = {"medusa2_loss": "target_loss", "medusa2_head_weight": "heads_weight"}
 
 

@@ -27,6 +27,7 @@ from draftheads.heads.parts.common import (DepthMetrics, TargetDistribution, bat
 from draftheads.heads.parts.draft_tree import Sampling, draft_dynamic, draft_static, lineage, node_depth
 from draftheads.heads.parts.draft_vocab import check_draft_vocab, vocabulary
 from draftheads.heads.parts.files import WeightsOnly
+from draftheads.heads.parts.mtp_structure import MTPStructure
 from draftheads.heads.parts.layers import (
     KVCache,
     bind_parts,
@@ -70,23 +71,40 @@ class MTPConfig:
         """Check what depends on the target (the modules' sizes and class come from its config when built)."""
         check_draft_vocab(self.draft_vocab_size, vocab_size)
 
+    def structure(self, target_config) -> MTPStructure:
+        """D modules of our own: [hnorm(h); enorm(emb)] in, the target's final norm out."""
+        return MTPStructure(modules=self.depth)
+
+    def step_loss_weights(self) -> list[float]:
+        return self.loss_weights or [1.0] * self.depth
+
 
 class MTPModule(nn.Module):
-    """Module k: project [RMSNorm(h^{k-1}); RMSNorm(emb(x_{t+k}))] (2H -> H), then one decoder layer."""
+    """Module k: project [RMSNorm(h^{k-1}); RMSNorm(emb(x_{t+k}))] (2H -> H, in the order `structure` says), then
+    one decoder layer; with an output norm of its own where the structure has one."""
 
-    def __init__(self, target_config):
+    def __init__(self, target_config, structure: MTPStructure):
         super().__init__()
         hidden = target_dims(target_config).hidden_size
         eps = norm_eps(target_config)
-        self.layer = build_decoder_layer(target_config)
+        self.structure = structure
+        self.layer = build_decoder_layer(target_config, overrides=dict(structure.layer_overrides))
         self.hnorm = make_norm(self.layer, hidden, eps)
         self.enorm = make_norm(self.layer, hidden, eps)
         self.proj = nn.Linear(2 * hidden, hidden, bias=False)
+        self.out_norm = make_norm(self.layer, hidden, eps) if structure.own_norm else None
+        if structure.frozen_layer:
+            self.layer.requires_grad_(False)
 
     def forward(self, hidden, emb, rotary, position_ids, visible, cache=None) -> torch.Tensor:
-        """hidden, emb [b, n, H] -> h^k [b, n, H]."""
-        fused = self.proj(torch.cat([self.hnorm(hidden), self.enorm(emb.to(hidden.dtype))], dim=-1))
-        return run_layer(self.layer, rotary, fused, position_ids, visible, cache)
+        """hidden, emb [b, n, H] -> what the next step reads [b, n, H]: h^k, or its norm (carry_normed)."""
+        emb = emb.to(hidden.dtype)
+        if self.structure.zero_first_embedding:
+            emb = emb.masked_fill((position_ids == 0)[..., None], 0)
+        parts = [self.enorm(emb), self.hnorm(hidden)]
+        fused = self.proj(torch.cat(parts if self.structure.embedding_first else parts[::-1], dim=-1))
+        out = run_layer(self.layer, rotary, fused, position_ids, visible, cache)
+        return self.out_norm(out) if self.structure.carry_normed else out
 
 
 class MTPDrafter(nn.Module):
@@ -100,7 +118,8 @@ class MTPDrafter(nn.Module):
         self.config = config
         dims = target_dims(target_config)
         self.hidden_size, self.vocab_size = dims.hidden_size, dims.vocab_size
-        self.blocks = nn.ModuleList(MTPModule(target_config) for _ in range(config.depth))
+        self.structure = config.structure(target_config)
+        self.blocks = nn.ModuleList(MTPModule(target_config, self.structure) for _ in range(self.structure.modules))
         self.vocab = vocabulary(self, config.draft_vocab_size, dims.vocab_size)
         self.default_tree = parse_tree(config.default_tree) if config.default_tree else Tree.chain(config.depth)
         self.files = WeightsOnly(self)
@@ -118,15 +137,21 @@ class MTPDrafter(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.blocks[0].proj.weight.dtype
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """h^k [..., H] -> fp32 logits through the target's final norm and lm_head: [..., V], or [..., Vd]
-        over the draft vocabulary (the lm_head's rows for it)."""
-        normed = self._norm(hidden.to(self._norm.weight.dtype))
-        return self.vocab.project(self._lm_head, normed)
+    def step(self, k: int) -> MTPModule:
+        """The module draft step k (1-based) runs: module k, or, where fewer are shipped, vLLM's k mod count."""
+        return self.blocks[self.structure.module_of(k)]
 
-    def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """h^k [..., H] -> [..., V] over the target vocabulary (-inf outside a draft vocabulary)."""
-        return self.vocab.widen(self._logits(hidden))
+    def _logits(self, hidden: torch.Tensor, k: int = 1) -> torch.Tensor:
+        """Step k's output [..., H] -> fp32 logits through its final norm (the target's, or the module's own) and the
+        target's lm_head: [..., V], or [..., Vd] over the draft vocabulary (the lm_head's rows for it)."""
+        if not self.structure.carry_normed:
+            norm = self.step(k).out_norm if self.structure.own_norm else self._norm
+            hidden = norm(hidden.to(norm.weight.dtype))
+        return self.vocab.project(self._lm_head, hidden)
+
+    def vocab_logits(self, hidden: torch.Tensor, k: int = 1) -> torch.Tensor:
+        """Step k's output [..., H] -> [..., V] over the target vocabulary (-inf outside a draft vocabulary)."""
+        return self.vocab.widen(self._logits(hidden, k))
 
     def target_logits(self, features: torch.Tensor) -> torch.Tensor:
         """The target's own logits from its final features [..., H], over the same columns as the modules'."""
@@ -142,26 +167,27 @@ class MTPDrafter(nn.Module):
         Module k runs over positions t = 0..s-k-1, the ones whose input token x_{t+k} exists.
         """
         outs, hidden = [], h0
-        for k, block in enumerate(self.blocks, start=1):
+        for k in range(1, self.config.depth + 1):
             n = input_ids.shape[1] - k
             if n <= 0:
                 break
             positions = position_ids[:, :n] if position_ids is not None else None
             rope = positions if positions is not None else torch.arange(n, device=input_ids.device)[None]
             visible = causal_visible(positions, 1, n, device=input_ids.device)
-            hidden = block(hidden[:, :n], self._embed(input_ids[:, k : k + n]), self._rotary, rope, visible)
+            hidden = self.step(k)(hidden[:, :n], self._embed(input_ids[:, k : k + n]), self._rotary, rope, visible)
             outs.append(hidden)
         return outs
 
     def training_loss(self, batch: dict) -> tuple[torch.Tensor, dict]:
         """Σ_k w_k · CE(module k's prediction of x_{t+k+1}); metrics per module."""
         h0 = batch_features(batch, self.dtype)[..., -self.hidden_size :]
-        weights = self.config.loss_weights or [1.0] * self.config.depth
+        weights = self.config.step_loss_weights()
         metrics = DepthMetrics(self.config.depth, h0.device)
         loss = h0.new_zeros(())
         soft = TargetDistribution(h0, batch, self.target_logits) if self.config.soft_labels else None
         for k, hidden in enumerate(self.forward_modules(h0, batch["input_ids"], batch.get("position_ids")), start=1):
-            loss_sum, correct, total = masked_ce(hidden, batch, k + 1, self._logits, self.vocab, soft)
+            logits = functools.partial(self._logits, k=k)
+            loss_sum, correct, total = masked_ce(hidden, batch, k + 1, logits, self.vocab, soft)
             metrics.add(k - 1, loss_sum, correct, total)
             loss = loss + weights[k - 1] * mean_loss(loss_sum, total)
         return loss, metrics.as_dict()
@@ -182,8 +208,8 @@ class MTPDrafter(nn.Module):
 
     def reset(self) -> None:
         self._tokens: torch.Tensor | None = None  # [b, n] committed x_1..x_n
-        self._caches = [KVCache() for _ in self.blocks]
-        self._inbox: list[torch.Tensor | None] = [None] * len(self.blocks)  # h^{k-1} not yet fed to module k
+        self._caches = [KVCache() for _ in range(self.config.depth)]   # one per step: steps may share a module
+        self._inbox: list[torch.Tensor | None] = [None] * self.config.depth  # h^{k-1} not yet fed to step k
         self._root_out: torch.Tensor | None = None  # [b, H] h^1 at position n - 1
 
     def _committed(self, k: int) -> int:
@@ -199,7 +225,7 @@ class MTPDrafter(nn.Module):
         self._tokens = next_tokens if self._tokens is None else torch.cat([self._tokens, next_tokens], dim=1)
         n = self._tokens.shape[1]
         incoming = features[..., -self.hidden_size :].to(self.dtype)  # h^0 at the new positions
-        for k, (block, cache) in enumerate(zip(self.blocks, self._caches), start=1):
+        for k, cache in enumerate(self._caches, start=1):
             inbox = incoming if self._inbox[k - 1] is None else torch.cat([self._inbox[k - 1], incoming], dim=1)
             start = len(cache)
             take = max(0, min(inbox.shape[1], n - k + 1 - start))
@@ -209,7 +235,8 @@ class MTPDrafter(nn.Module):
                 tokens = self._tokens[:, start + k - 1 : start + k - 1 + take]  # x_{t+k}
                 positions = torch.arange(start, start + take, device=tokens.device)[None]
                 visible = causal_visible(None, 1, take, past=start, device=tokens.device)
-                incoming = block(inbox[:, :take], self._embed(tokens), self._rotary, positions, visible, cache)
+                incoming = self.step(k)(inbox[:, :take], self._embed(tokens), self._rotary, positions, visible,
+                                        cache)
                 if k == 1:
                     self._root_out = incoming[:, -1]
 
@@ -242,7 +269,7 @@ class MTPDrafter(nn.Module):
         """
         d = node_depth(parents, nodes[0])
         if d == 0:
-            return self._logits(self._root_out)[:, None]
+            return self._logits(self._root_out, 1)[:, None]
         k, n = d + 1, self._tokens.shape[1]
         cache = self._caches[k - 1]
         committed = len(cache)
@@ -255,8 +282,8 @@ class MTPDrafter(nn.Module):
         positions = torch.tensor([position[v] for v in entries], device=tokens.device)[None]
         columns = {v: committed + i for i, v in enumerate(entries)}
         visible = tree_visible(entries, parents, columns, committed + len(entries), committed, tokens.device)
-        out = self.blocks[k - 1](hidden, self._embed(tokens[:, entries]), self._rotary, positions, visible, cache)
+        out = self.step(k)(hidden, self._embed(tokens[:, entries]), self._rotary, positions, visible, cache)
         previous.clear()
         previous.update({v: out[:, i] for i, v in enumerate(entries)})
-        return self._logits(torch.stack([previous[v] for v in nodes], dim=1))
+        return self._logits(torch.stack([previous[v] for v in nodes], dim=1), k)
 

@@ -29,7 +29,7 @@ TGI = "huggingface/text-generation-inference"
 SPECULATORS = "vllm-project/speculators"
 # each head kind as people write it
 LABELS = {"eagle3": "EAGLE-3", "eagle": "EAGLE", "medusa": "Medusa", "medusa2": "Medusa-2", "mtp": "MTP",
-          "dflash": "DFlash", "peagle": "P-EAGLE"}
+          "dflash": "DFlash", "peagle": "P-EAGLE", "native": "native MTP"}
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from draftheads.data.hardware import check_cpu_launch, resolve_device, resolve_d
 from draftheads.data.target import load_target, load_target_config
 from draftheads.heads.factory import bound_drafter, drafter_class, new_drafter
 from draftheads.interop.load import load_drafter
+from draftheads.interop.shipped_mtp import shipped_drafter
 from draftheads.interop.vocab_mapping import read_vocab_mapping
 from draftheads.training import batches as B
 from draftheads.training import checkpoint as C
@@ -268,7 +269,8 @@ def initial_drafter(recipe, model, rows, train_idx):
             raise DraftheadsError(f"head.init_from '{head.init_from}' holds a {drafter.config.type} drafter but "
                                   f"head.type is {head.type}")
         return drafter
-    drafter = bound_drafter(head, model)
+    # the MTP layers the target's checkpoint ships, as shipped
+    drafter = shipped_drafter(model, head) if head.type == "native" else bound_drafter(head, model)
     vocab = recipe.derived["vocab_size"]
     if recipe.train.draft_vocab_from:
         if not drafter.vocab.restricted:

@@ -41,12 +41,16 @@ def draft_layer_config(target_config):
     return config
 
 
-def build_decoder_layer(target_config, kind: str = "target") -> nn.Module:
+def build_decoder_layer(target_config, kind: str = "target", overrides: dict | None = None) -> nn.Module:
     """A freshly initialised decoder layer (layer index 0 of its own cache): of the target's class ('target'), or a
-    Llama layer with the target's sizes ('llama', the layer every engine's EAGLE-3 class builds)."""
+    Llama layer with the target's sizes ('llama', the layer every engine's EAGLE-3 class builds). `overrides` are
+    config fields set on the one-layer config (e.g. first_k_dense_replace: 0 for the MoE layer a DeepSeek-V3
+    checkpoint's MTP module is)."""
     if kind == "llama":
         return LlamaDecoderLayer(llama_layer_config(target_config), 0)
     config = draft_layer_config(target_config)
+    for name, value in (overrides or {}).items():
+        setattr(config, name, value)
     layer = built_with_nan_for_empty(lambda: decoder_layer_class(target_config)(config, 0))
     initialise_what_the_model_would(layer, config, pretrained_class(target_config))
     return layer
