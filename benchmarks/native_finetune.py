@@ -1,0 +1,163 @@
+"""A shipped MTP drafter against the same drafter fine-tuned for another kind of text, on tiny checkpoints of each
+family that ships one (head.type native), and what putting it back costs.
+
+    .venv/bin/python -m benchmarks.native_finetune [--steps 80] [--families deepseek_v3,qwen3_5]
+
+Per family: a tiny checkpoint whose MTP layer starts random (tests/fixtures.shipped_mtp_checkpoint) is "released":
+its drafter trained on the target's continuations of general prose prompts and put back into a copy of the
+checkpoint (export --format checkpoint). That release is the shipped drafter. It is then fine-tuned, the same steps,
+on the target's continuations of code prompts, and both are measured on held-out code and prose prompts: tau of a
+greedy chain of `depth`. Also printed: the bytes put-back rewrote against the checkpoint's size, and whether the
+original checkpoint's files hash the same after both put-backs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from draftheads.core.tree import Tree
+from draftheads.decoding.generate import speculative_generate
+from draftheads.heads.factory import head_config
+from draftheads.interop.export import export_drafter
+from draftheads.interop.native import save_drafter
+from draftheads.interop.shipped_mtp import shipped_drafter
+from draftheads.training.features import target_features
+from tests.fixtures import make_config, make_tokenizer, shipped_mtp_checkpoint
+
+MOE = dict(moe_intermediate_size=32, num_experts_per_tok=2)
+LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8)
+HYBRID_TYPES = ["linear_attention", "full_attention"] * 2 + ["full_attention"]
+SIZES = {   # model_type -> overrides of the fixture sizes (5 layers: the last becomes the shipped MTP layer)
+    "deepseek_v3": dict(q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+                        head_dim=8, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
+                        topk_group=1, num_key_value_heads=4, **MOE),
+    "glm4_moe": dict(head_dim=16, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
+                     topk_group=1, **MOE),
+    "qwen3_next": dict(head_dim=16, num_experts=4, shared_expert_intermediate_size=32, layer_types=HYBRID_TYPES,
+                       **LINEAR, **MOE),
+    "qwen3_5_text": dict(head_dim=16, layer_types=HYBRID_TYPES, **LINEAR),
+}
+PROSE = ["The weather today is", "She walked into the room and", "The history of the city begins",
+         "In the morning we usually", "My favourite book tells of", "The river flows past the old",
+         "Every summer the village holds", "He opened the letter and read", "The museum shows paintings of",
+         "After dinner the family sat", "The train left the station at", "Our neighbours planted a garden"]
+CODE = ["def add(a, b):", "for i in range(10):", "import numpy as np", "class Stack:", "while x > 0:",
+        "return sorted(items, key=", "if __name__ == '__main__':", "def parse(line):", "with open(path) as f:",
+        "try:\n    value = int(s)", "lambda x: x * 2", "print(f'{name}: {value}')"]
+NEW_TOKENS = 24
+
+
+def continuations(target, tokenizer, texts, seed: int) -> list[tuple[list[int], int]]:
+    """(prompt + the target's sampled continuation, prompt length) for each text: the target's own data."""
+    out = []
+    for i, text in enumerate(texts):
+        prompt = torch.tensor(tokenizer(text)["input_ids"])
+        row = speculative_generate(target, None, prompt, NEW_TOKENS, temperature=0.8, seed=seed + i, eos_token_id=[])
+        out.append((prompt.tolist() + row.rows[0], len(prompt)))
+    return out
+
+
+def batch_of(target, rows, layers) -> dict:
+    width = max(len(ids) for ids, _ in rows)
+    input_ids = torch.tensor([ids + [0] * (width - len(ids)) for ids, _ in rows])
+    attention = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
+    loss_mask = attention.clone()
+    for r, (_, prompt) in enumerate(rows):
+        loss_mask[r, :prompt] = 0
+    batch = {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
+    batch["features"] = target_features(target, input_ids, attention, layers)
+    return batch
+
+
+def train(drafter, batch, steps: int, lr: float = 3e-3) -> None:
+    optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=lr)
+    drafter.train()
+    for _ in range(steps):
+        loss, _ = drafter.training_loss(batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    drafter.eval()
+
+
+def tau(target, drafter, tokenizer, texts, depth: int) -> float:
+    emitted = steps = 0
+    for text in texts:
+        prompt = torch.tensor(tokenizer(text)["input_ids"])
+        stats = speculative_generate(target, drafter, prompt, NEW_TOKENS, tree=Tree.chain(depth),
+                                     eos_token_id=[]).stats
+        emitted, steps = emitted + sum(stats.step_emitted), steps + stats.steps
+    return emitted / steps
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def load(folder: Path):
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).requires_grad_(False).eval()
+
+
+def run_family(model_type: str, root: Path, steps: int, depth: int) -> dict:
+    tokenizer = make_tokenizer()
+    config = make_config(model_type, len(tokenizer), num_hidden_layers=5, **SIZES[model_type])
+    original = shipped_mtp_checkpoint(config, tokenizer, root / "original")
+    before = digests(original)
+    target = load(original)
+    head = head_config({"type": "native", "depth": depth})
+    train_prose, held_prose = PROSE[:8], PROSE[8:]
+    train_code, held_code = CODE[:8], CODE[8:]
+    drafter = shipped_drafter(target, head)
+    torch.manual_seed(0)
+    train(drafter, batch_of(target, continuations(target, tokenizer, train_prose, 0), drafter.feature_layers), steps)
+    target.name_or_path = str(original)
+    export_drafter(str(save_drafter(drafter, root / "release-drafter", target=target)), "checkpoint",
+                   root / "release")
+    released = load(root / "release")
+    shipped = shipped_drafter(released, head)
+    tuned = shipped_drafter(released, head)
+    torch.manual_seed(0)
+    train(tuned, batch_of(released, continuations(released, tokenizer, train_code, 100), tuned.feature_layers),
+          steps)
+    released.name_or_path = str(root / "release")
+    out = export_drafter(str(save_drafter(tuned, root / "tuned-drafter", target=released)), "checkpoint",
+                         root / "tuned")
+    record = json.loads((out / "draftheads_export.json").read_text())
+    return {"family": model_type,
+            "shipped code": tau(released, shipped, tokenizer, held_code, depth),
+            "tuned code": tau(released, tuned, tokenizer, held_code, depth),
+            "shipped prose": tau(released, shipped, tokenizer, held_prose, depth),
+            "tuned prose": tau(released, tuned, tokenizer, held_prose, depth),
+            "rewritten": record["bytes_rewritten"], "size": record["checkpoint_bytes"],
+            "files": f"{len(record['rewritten_files'])}/{len(digests(original))}",
+            "original untouched": digests(original) == before}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", default=",".join(SIZES), help="comma-separated model types")
+    parser.add_argument("--steps", type=int, default=80, help="AdamW steps to release and again to fine-tune")
+    parser.add_argument("--depth", type=int, default=3, help="draft steps (the one shipped module, recursed)")
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    print("| family | tau code, shipped | tau code, fine-tuned | gain | tau prose, shipped | tau prose, fine-tuned | "
+          "bytes rewritten / checkpoint | shards rewritten | original untouched |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for model_type in args.families.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            r = run_family(model_type, Path(tmp), args.steps, args.depth)
+        gain = r["tuned code"] / r["shipped code"] - 1
+        print(f"| {r['family']} | {r['shipped code']:.2f} | {r['tuned code']:.2f} | {gain:+.1%} | "
+              f"{r['shipped prose']:.2f} | {r['tuned prose']:.2f} | {r['rewritten']:,} / {r['size']:,} "
+              f"({r['rewritten'] / r['size']:.1%}) | {r['files']} | {r['original untouched']} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
