@@ -2,13 +2,21 @@
 family that ships one (head.type native), and what putting it back costs.
 
     .venv/bin/python -m benchmarks.native_finetune [--steps 80] [--families deepseek_v3,qwen3_5]
+    .venv/bin/python -m benchmarks.native_finetune --gpu-estimate
 
-Per family: a tiny checkpoint whose MTP layer starts random (tests/fixtures.shipped_mtp_checkpoint) is "released":
-its drafter trained on the target's continuations of general prose prompts and put back into a copy of the
-checkpoint (export --format checkpoint). That release is the shipped drafter. It is then fine-tuned, the same steps,
-on the target's continuations of code prompts, and both are measured on held-out code and prose prompts: tau of a
-greedy chain of `depth`. Also printed: the bytes put-back rewrote against the checkpoint's size, and whether the
-original checkpoint's files hash the same after both put-backs.
+Per family: a tiny checkpoint whose MTP layer starts random (tests/fixtures.shipped_mtp_checkpoint) is "released": its
+drafter trained on the target's continuations of general prose prompts and put back into a copy of the checkpoint
+(export --format checkpoint). That release is the shipped drafter. It is then fine-tuned, the same steps, on the
+target's continuations of code prompts, and, as a control, the same steps more on prose; all are measured on held-out
+code and prose prompts: tau of a greedy chain of `depth`. Also printed: the bytes put-back rewrote against the
+checkpoint's size, and whether the original checkpoint's files hash the same after both put-backs.
+
+--gpu-estimate prints instead what a GPU fine-tune of each family's released size would need, counted on the meta
+device from transformers' own default configs (which are those releases' sizes): the drafter's parameters, active
+ones per token, memory per GPU and minutes per 10k rows. The minutes are arithmetic, not a measurement: FLOPs per
+token (target forward 2·A_target when features are made online; per draft step 6·A_drafter when all trains, 4·A when
+only the fusion does, and 4·V·H for the frozen lm_head forward and input gradient) over 40% of an H100's 989 dense
+bf16 TFLOP/s.
 """
 
 from __future__ import annotations
@@ -22,9 +30,13 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from transformers import DeepseekV3Config, Glm4MoeConfig, Qwen3NextConfig
+from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
+
 from draftheads.core.tree import Tree
 from draftheads.decoding.generate import speculative_generate
-from draftheads.heads.factory import head_config
+from draftheads.heads.factory import head_config, new_drafter
 from draftheads.interop.export import export_drafter
 from draftheads.interop.native import save_drafter
 from draftheads.interop.shipped_mtp import shipped_drafter
@@ -47,11 +59,15 @@ SIZES = {   # model_type -> overrides of the fixture sizes (5 layers: the last b
 PROSE = ["The weather today is", "She walked into the room and", "The history of the city begins",
          "In the morning we usually", "My favourite book tells of", "The river flows past the old",
          "Every summer the village holds", "He opened the letter and read", "The museum shows paintings of",
-         "After dinner the family sat", "The train left the station at", "Our neighbours planted a garden"]
+         "After dinner the family sat", "The train left the station at", "Our neighbours planted a garden",
+         "The teacher asked the class to", "On the hill stands a small", "During the storm the sailors",
+         "The market sells fresh bread and"]
 CODE = ["def add(a, b):", "for i in range(10):", "import numpy as np", "class Stack:", "while x > 0:",
         "return sorted(items, key=", "if __name__ == '__main__':", "def parse(line):", "with open(path) as f:",
-        "try:\n    value = int(s)", "lambda x: x * 2", "print(f'{name}: {value}')"]
-NEW_TOKENS = 24
+        "try:\n    value = int(s)", "lambda x: x * 2", "print(f'{name}: {value}')", "def fib(n):",
+        "for key, value in d.items():", "class Node:\n    def __init__(self", "assert len(result) =="]
+TRAIN = 10   # prompts of each kind trained on; the other 6 are held out
+NEW_TOKENS = 32
 
 
 def continuations(target, tokenizer, texts, seed: int) -> list[tuple[list[int], int]]:
@@ -105,15 +121,15 @@ def load(folder: Path):
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).requires_grad_(False).eval()
 
 
-def run_family(model_type: str, root: Path, steps: int, depth: int) -> dict:
+def run_family(model_type: str, root: Path, steps: int, depth: int, seed: int) -> dict:
     tokenizer = make_tokenizer()
     config = make_config(model_type, len(tokenizer), num_hidden_layers=5, **SIZES[model_type])
-    original = shipped_mtp_checkpoint(config, tokenizer, root / "original")
+    original = shipped_mtp_checkpoint(config, tokenizer, root / "original", seed)
     before = digests(original)
     target = load(original)
     head = head_config({"type": "native", "depth": depth})
-    train_prose, held_prose = PROSE[:8], PROSE[8:]
-    train_code, held_code = CODE[:8], CODE[8:]
+    train_prose, held_prose = PROSE[:TRAIN], PROSE[TRAIN:]
+    train_code, held_code = CODE[:TRAIN], CODE[TRAIN:]
     drafter = shipped_drafter(target, head)
     torch.manual_seed(0)
     train(drafter, batch_of(target, continuations(target, tokenizer, train_prose, 0), drafter.feature_layers), steps)
@@ -126,13 +142,20 @@ def run_family(model_type: str, root: Path, steps: int, depth: int) -> dict:
     torch.manual_seed(0)
     train(tuned, batch_of(released, continuations(released, tokenizer, train_code, 100), tuned.feature_layers),
           steps)
+    # the control: the release trained the same steps more on its own kind of text, so that the code column's gain
+    # is the new data's and not merely more steps'
+    more = shipped_drafter(released, head)
+    torch.manual_seed(0)
+    train(more, batch_of(released, continuations(released, tokenizer, train_prose, 200), more.feature_layers),
+          steps)
     released.name_or_path = str(root / "release")
     out = export_drafter(str(save_drafter(tuned, root / "tuned-drafter", target=released)), "checkpoint",
                          root / "tuned")
     record = json.loads((out / "draftheads_export.json").read_text())
-    return {"family": model_type,
+    return {"family": f"{model_type}, seed {seed}",
             "shipped code": tau(released, shipped, tokenizer, held_code, depth),
             "tuned code": tau(released, tuned, tokenizer, held_code, depth),
+            "more prose, code": tau(released, more, tokenizer, held_code, depth),
             "shipped prose": tau(released, shipped, tokenizer, held_prose, depth),
             "tuned prose": tau(released, tuned, tokenizer, held_prose, depth),
             "rewritten": record["bytes_rewritten"], "size": record["checkpoint_bytes"],
@@ -140,23 +163,79 @@ def run_family(model_type: str, root: Path, steps: int, depth: int) -> dict:
             "original untouched": digests(original) == before}
 
 
+# transformers' default configs, by class: their sizes are a release's (the target column counts them)
+RELEASES = {"DeepseekV3Config (DeepSeek-V3)": DeepseekV3Config, "Glm4MoeConfig (GLM-4.5-Air)": Glm4MoeConfig,
+            "Qwen3NextConfig (Qwen3-Next-80B-A3B)": Qwen3NextConfig, "Qwen3_5TextConfig (a dense Qwen3.5)":
+            Qwen3_5TextConfig, "Qwen3_5MoeTextConfig (Qwen3.5-35B-A3B)": Qwen3_5MoeTextConfig}
+H100_FLOPS = 0.4 * 989e12
+ROWS, TOKENS_PER_ROW, STEPS = 10_000, 1024, 3
+
+
+def active(module, experts_per_token: int, experts: int) -> tuple[int, int]:
+    """(parameters, parameters a token runs through): routed experts count experts_per_token / experts."""
+    total = routed = 0
+    for name, p in module.named_parameters():
+        total += p.numel()
+        routed += p.numel() if ".experts." in name else 0
+    return total, total - routed + routed * experts_per_token // max(1, experts)
+
+
+def gpu_estimate(name: str, config, gpus: int = 8) -> str:
+    with torch.device("meta"):
+        target = AutoModelForCausalLM.from_config(config)
+        rows = []
+        for train_only in ("all", "fusion"):
+            drafter = new_drafter(head_config({"type": "native", "train_only": train_only}), config)
+            rows.append(drafter)
+    experts = getattr(config, "n_routed_experts", None) or getattr(config, "num_experts", None) or 1
+    per_token = getattr(config, "num_experts_per_tok", 1)
+    target_total, target_active = active(target, per_token, experts)
+    out = []
+    for drafter, train_only in zip(rows, ("all", "fusion")):
+        total, act = active(drafter, per_token, experts)
+        trains = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
+        vh = config.vocab_size * config.hidden_size
+        per_step = (6 if train_only == "all" else 4) * act + 4 * vh
+        flops = ROWS * TOKENS_PER_ROW * (2 * target_active + STEPS * per_step)
+        memory = (2 * target_total + 16 * trains + 2 * (total - trains)) / gpus / 2**30
+        out.append(f"| {name} | {train_only} | {total / 1e9:.2f}B | {act / 1e9:.2f}B | {trains / 1e9:.3f}B | "
+                   f"{target_total / 1e9:.0f}B / {target_active / 1e9:.1f}B | {memory:.0f} GiB | "
+                   f"{flops / (H100_FLOPS * gpus) / 60:.0f} |")
+    return "\n".join(out)
+
+
+def print_gpu_estimates() -> None:
+    print(f"| release | trains | MTP params | active per token | trained | target params / active | memory per GPU "
+          f"(8 GPUs, FSDP) | minutes per {ROWS:,} rows of {TOKENS_PER_ROW} tokens, 8 H100 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, config_class in RELEASES.items():
+        print(gpu_estimate(name, config_class()), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", default=",".join(SIZES), help="comma-separated model types")
     parser.add_argument("--steps", type=int, default=80, help="AdamW steps to release and again to fine-tune")
     parser.add_argument("--depth", type=int, default=3, help="draft steps (the one shipped module, recursed)")
+    parser.add_argument("--seeds", default="0,1", help="comma-separated checkpoint seeds (one row each)")
+    parser.add_argument("--gpu-estimate", action="store_true", help="print what a GPU fine-tune of each release needs")
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    print("| family | tau code, shipped | tau code, fine-tuned | gain | tau prose, shipped | tau prose, fine-tuned | "
-          "bytes rewritten / checkpoint | shards rewritten | original untouched |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    if args.gpu_estimate:
+        print_gpu_estimates()
+        return
+    print("| family | tau code, shipped | tau code, fine-tuned on code | gain | tau code, the same steps on prose "
+          "(control) | tau prose, shipped | tau prose, fine-tuned on code | bytes rewritten / checkpoint | shards "
+          "rewritten | original untouched |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for model_type in args.families.split(","):
-        with tempfile.TemporaryDirectory() as tmp:
-            r = run_family(model_type, Path(tmp), args.steps, args.depth)
-        gain = r["tuned code"] / r["shipped code"] - 1
-        print(f"| {r['family']} | {r['shipped code']:.2f} | {r['tuned code']:.2f} | {gain:+.1%} | "
-              f"{r['shipped prose']:.2f} | {r['tuned prose']:.2f} | {r['rewritten']:,} / {r['size']:,} "
-              f"({r['rewritten'] / r['size']:.1%}) | {r['files']} | {r['original untouched']} |", flush=True)
+        for seed in (int(x) for x in args.seeds.split(",")):
+            with tempfile.TemporaryDirectory() as tmp:
+                r = run_family(model_type, Path(tmp), args.steps, args.depth, seed)
+            gain = r["tuned code"] / r["shipped code"] - 1
+            print(f"| {r['family']} | {r['shipped code']:.2f} | {r['tuned code']:.2f} | {gain:+.1%} | "
+                  f"{r['more prose, code']:.2f} | "
+                  f"{r['shipped prose']:.2f} | {r['tuned prose']:.2f} | {r['rewritten']:,} / {r['size']:,} "
+                  f"({r['rewritten'] / r['size']:.1%}) | {r['files']} | {r['original untouched']} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -137,11 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="folder for profile.json and profile.png (default: runs/profile-TIME)")
     p.set_defaults(handler=cmd_profile, parser=p)
 
-    p = sub.add_parser("shipped", help="write the MTP drafter a target's checkpoint ships (DeepSeek-V3, GLM-4.5, "
-                                       "Qwen3-Next, Qwen3.5) as a drafter folder: eval's baseline, a fine-tune's start")
+    p = sub.add_parser("shipped", help="write the drafter a target ships (the MTP layers of DeepSeek-V3, GLM-4.5, "
+                                       "Qwen3-Next, Qwen3.5; Gemma 4's assistant) as a drafter folder: eval's "
+                                       "baseline, a fine-tune's start")
     p.add_argument("target", help="the target: a checkpoint folder or Hugging Face id")
     p.add_argument("--out", required=True, help="the drafter folder to write")
     p.add_argument("--depth", type=int, default=3, help="draft steps (past the shipped modules, steps rerun them)")
+    p.add_argument("--assistant", default=None, help="a Gemma 4 target's assistant folder or hub id (e.g. "
+                                                     "google/gemma-4-e2b-it-assistant)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     p.set_defaults(handler=cmd_shipped, parser=p)
 
@@ -415,7 +418,7 @@ def cmd_export(args) -> int:
 def cmd_shipped(args) -> int:
     from draftheads.interop.shipped_mtp import save_shipped
 
-    folder = save_shipped(args.target, args.out, depth=args.depth, dtype=args.dtype)
+    folder = save_shipped(args.target, args.out, depth=args.depth, dtype=args.dtype, assistant=args.assistant)
     print(f"wrote the drafter {args.target} ships to {folder}")
     return 0
 

@@ -175,3 +175,34 @@ def _make_last_layer_mtp(folder: Path, model, seed: int) -> None:
         config["layer_types"] = config["layer_types"][:layers]
     config["mtp_num_hidden_layers" if qwen else "num_nextn_predict_layers"] = 1
     (folder / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def shipped_assistant_folder(target, folder, seed: int = 0, ordered: bool = True, hidden: int = 32, layers: int = 2,
+                             **geometry) -> Path:
+    """Save a tiny Gemma 4 assistant for the Gemma 4 `target` into `folder`, as transformers' save_pretrained writes
+    one: its layers read the target's keys and values, so `geometry` (heads, head sizes, window, rope) is the
+    target's (the defaults: tests/families.py's gemma4); `ordered`: with the centroid-masked lm_head (8 centroids, a
+    random token ordering)."""
+    from transformers import Gemma4TextConfig
+    from transformers.models.gemma4_assistant import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
+
+    t = target.config
+    shape = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=64)
+    shape.update(geometry)
+    text = Gemma4TextConfig(vocab_size=t.vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                            num_hidden_layers=layers, max_position_embeddings=t.max_position_embeddings,
+                            layer_types=["sliding_attention", "full_attention"] * (layers // 2),
+                            rope_parameters=t.rope_parameters, hidden_size_per_layer_input=0,
+                            vocab_size_per_layer_input=0, num_kv_shared_layers=layers, tie_word_embeddings=True,
+                            **shape)
+    config = Gemma4AssistantConfig(text_config=text, backbone_hidden_size=t.hidden_size, use_ordered_embeddings=ordered,
+                                   num_centroids=8, centroid_intermediate_top_k=2)
+    torch.manual_seed(seed)
+    model = Gemma4AssistantForCausalLM(config).eval()
+    with torch.no_grad():
+        if ordered:
+            model.masked_embedding.token_ordering.copy_(torch.randperm(t.vocab_size))
+        model.lm_head.weight.mul_(8.0)   # sharper, as the targets' are
+    model.generation_config.num_assistant_tokens = 3
+    model.save_pretrained(folder)
+    return Path(folder)

@@ -108,3 +108,12 @@ def flush_files(folder: Path) -> None:
         if path.is_file():
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
+
+
+def link_or_copy(src, dst) -> None:
+    """`dst` as a hard link to `src` (no bytes copied: for files of a model folder written again beside it), or a
+    copy where the file system has no links."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)

@@ -32,6 +32,18 @@ from draftheads.core.target_dims import text_config
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 RECURRENT_TYPES = ("linear_attention", "mamba", "conv", "recurrent")
+# a drafter feature that is not a hidden state: "kv:<layer type>", the keys and values the target's last layer of that
+# type stores for later layers (Gemma 4's KV sharing; its assistant drafters attend to them), flattened per position
+KV_FEATURE = "kv:"
+
+
+def kv_feature(layer_type: str) -> str:
+    return KV_FEATURE + layer_type
+
+
+def reads_kv(feature_layers) -> bool:
+    """Whether any of a drafter's features is a target layer's stored keys and values."""
+    return any(isinstance(layer, str) and layer.startswith(KV_FEATURE) for layer in feature_layers)
 
 
 # ---- a layer's config ---------------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from draftheads.core.target_family import FULL, RECURRENT_TYPES, SLIDING, recurrent_layers, sliding_windows
+from draftheads.core.target_family import (FULL, KV_FEATURE, RECURRENT_TYPES, SLIDING, reads_kv, recurrent_layers,
+                                           sliding_windows)
 from draftheads.core.tree import Tree
 from draftheads.decoding.tree_tensors import ancestor_matrix, attention_mask, depth_tensor, position_ids
 
@@ -22,7 +23,7 @@ from draftheads.decoding.tree_tensors import ancestor_matrix, attention_mask, de
 @dataclass
 class TargetOutput:
     """logits: [b, s, V] next-token logits per input position (prefill: last position only, s = 1).
-    features: [b, s, F] hidden states at the drafter's feature layers, concatenated; None if not asked."""
+    features: [b, s, F] the drafter's features (verify.gather_features), concatenated; None if not asked."""
 
     logits: torch.Tensor
     features: torch.Tensor | None
@@ -55,11 +56,34 @@ def layer_masks(target, mask: torch.Tensor, query_positions: torch.Tensor, key_p
     return {kind: windowed if kind == SLIDING else (None if kind in RECURRENT_TYPES else mask) for kind in types}
 
 
-def gather_features(hidden_states, layers: tuple[int, ...]) -> torch.Tensor | None:
-    """hidden_states: tuple of [b, s, H] (embeddings first, last = after the final norm) -> [b, s, len(layers) * H]."""
+def gather_features(out, layers: tuple) -> torch.Tensor | None:
+    """The features `layers` name from a target forward's output: hidden states (indices into out.hidden_states,
+    embeddings first, last = after the final norm) and, for "kv:<type>" (core/target_family.KV_FEATURE), the keys
+    then values its last layer of that type stored, of the forward's new positions, flattened: [b, s, F]."""
     if not layers:
         return None
-    return torch.cat([hidden_states[i] for i in layers], dim=-1)
+    hidden = out.hidden_states
+    n = hidden[-1].shape[1]
+    parts = []
+    for layer in layers:
+        if isinstance(layer, str):
+            keys, values = out.shared_kv_states[layer[len(KV_FEATURE):]]   # [b, kv heads, past + n, d]
+            parts += [per_position(keys[:, :, -n:]), per_position(values[:, :, -n:])]
+        else:
+            parts.append(hidden[layer])
+    return torch.cat([p.to(hidden[-1].dtype) for p in parts], dim=-1)
+
+
+def per_position(states: torch.Tensor) -> torch.Tensor:
+    """[b, heads, n, d] -> [b, n, heads * d]."""
+    b, heads, n, d = states.shape
+    return states.transpose(1, 2).reshape(b, n, heads * d)
+
+
+def feature_outputs(feature_layers) -> dict:
+    """The forward arguments that make a target hand out the features `feature_layers` name."""
+    wanted = {"output_hidden_states": bool(feature_layers)}
+    return {**wanted, "return_shared_kv_states": True} if reads_kv(feature_layers) else wanted
 
 
 @torch.no_grad()
@@ -71,8 +95,8 @@ def prefill(target, input_ids: torch.Tensor, cache: DynamicCache, feature_layers
     each row's positions then count its own tokens only."""
     positions = None if attention_mask is None else (attention_mask.cumsum(-1) - 1).clamp(min=0)
     out = target(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=cache,
-                 use_cache=True, logits_to_keep=1, output_hidden_states=bool(feature_layers))
-    return TargetOutput(out.logits, gather_features(out.hidden_states, feature_layers))
+                 use_cache=True, logits_to_keep=1, **feature_outputs(feature_layers))
+    return TargetOutput(out.logits, gather_features(out, feature_layers))
 
 
 @torch.no_grad()
@@ -97,8 +121,8 @@ def verify(target, cache: DynamicCache, tokens: torch.Tensor, tree: Tree | list[
     else:
         mask, positions, keys = row_masks(trees, n, prefix, valid, target.dtype, tokens.device)
     out = target(input_ids=tokens, attention_mask=layer_masks(target, mask, positions, keys), position_ids=positions,
-                 cache=cache, use_cache=True, output_hidden_states=bool(feature_layers))
-    return TargetOutput(out.logits, gather_features(out.hidden_states, feature_layers))
+                 cache=cache, use_cache=True, **feature_outputs(feature_layers))
+    return TargetOutput(out.logits, gather_features(out, feature_layers))
 
 
 def row_masks(trees: list[Tree], n: int, prefix: int, valid: torch.Tensor | None, dtype, device):

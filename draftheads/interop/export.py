@@ -30,7 +30,7 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import write_folder
 from draftheads.core.run_folder import BEST, DATA_MARKER, DRAFTER, FINAL, incomplete_checkpoints, list_checkpoints
 from draftheads.core.writable import check_writable
-from draftheads.interop import deepseek_mtp, llama_cpp, sglang, shipped_mtp, speculators, tgi, vllm
+from draftheads.interop import assistant_folder, deepseek_mtp, llama_cpp, sglang, shipped_mtp, speculators, tgi, vllm
 from draftheads.interop.export_config import ExportConfig
 from draftheads.interop.hub_upload import check_can_push, push_folder
 from draftheads.interop.layout import LABELS, Layout
@@ -40,9 +40,11 @@ from draftheads.interop.native import (CONFIG, EAGLE3_KINDS, PROVENANCE, WEIGHTS
 from draftheads.interop.vocab_mapping import write_vocab_mappings
 
 ENGINES = {"vllm": vllm, "sglang": sglang, "tgi": tgi, "speculators": speculators, "deepseek-mtp": deepseek_mtp,
-           "llama.cpp": llama_cpp, "checkpoint": shipped_mtp}
+           "llama.cpp": llama_cpp, "checkpoint": shipped_mtp, "assistant": assistant_folder}
 # formats that are not a safetensors file and a config.json: their WRITERS fill the folder themselves
-FOLDER_FORMATS = ("llama.cpp", "checkpoint")
+FOLDER_FORMATS = ("llama.cpp", "checkpoint", "assistant")
+# formats that are the shipped model's own folder, written with its own files (its model card kept)
+SHIPPED_FORMATS = ("checkpoint", "assistant")
 # the weights' dtype when --dtype is not given: as saved (fp32 master weights), except where the engine's own
 # converter defaults to half precision
 DEFAULT_DTYPES = {"llama.cpp": "fp16"}
@@ -107,10 +109,10 @@ def write_export(saved: SavedDrafter, fmt: str, out: Path, dtype: str | None, ta
             write_card(tmp, saved, fmt, provenance, measured, out, repo)
 
         return write_folder(out, copy)
-    if fmt == "checkpoint":   # the target's checkpoint with the drafter's MTP layers: its own model card is kept
+    if fmt in SHIPPED_FORMATS:   # the shipped folder with the drafter's weights: its own model card is kept
 
         def fill_checkpoint(tmp: Path) -> None:
-            record = {**provenance, **shipped_mtp.WRITERS[saved.kind](saved, tmp)}
+            record = {**provenance, **ENGINES[fmt].WRITERS[saved.kind](saved, tmp)}
             (tmp / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n")
 
         return write_folder(out, fill_checkpoint)

@@ -293,7 +293,7 @@ class SavedDrafter:
         h = self.head
         if self.kind == "eagle3" and h.ttt_steps > 1:
             return h.ttt_steps
-        if self.kind in ("medusa", "medusa2", "mtp", "native", "peagle"):
+        if self.kind in ("medusa", "medusa2", "mtp", "native", "assistant", "peagle"):
             return h.depth
         return parse_tree(h.default_tree).depth
 

@@ -14,7 +14,6 @@ tensors byte for byte), and the index is written anew. The original is never ope
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -25,11 +24,13 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
 
 from draftheads.core.errors import DraftheadsError
+from draftheads.core.folders import link_or_copy
 from draftheads.core.writable import check_writable
 from draftheads.core.target_dims import text_config
 from draftheads.data.target import load_target
 from draftheads.heads.factory import bound_drafter, head_config
 from draftheads.heads.native_mtp import shipped_layout
+from draftheads.interop.assistant_folder import shipped_assistant
 from draftheads.interop.layout import VLLM, Layout, LoaderFile, Tensor
 from draftheads.interop.native import SavedDrafter, save_drafter
 
@@ -252,24 +253,20 @@ def rewrite_shard(src: Path, dst: Path, replacements: dict[str, torch.Tensor]) -
     save_file(tensors, str(dst), metadata=metadata)
 
 
-def link_or_copy(src, dst) -> None:
-    """A hard link to `src` (no bytes copied), or a copy where the file system has none."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 WRITERS = {"native": write_checkpoint}   # fills the export folder (interop/export.py: FOLDER_FORMATS)
 
 
-def save_shipped(target_spec: str, out, depth: int = 3, dtype: str = "auto") -> Path:
-    """The drafter the target's checkpoint ships, written as a draftheads drafter folder at `out`: what `draftheads
-    eval` measures as the baseline, and what head.init_from starts a fine-tune from."""
+def save_shipped(target_spec: str, out, depth: int = 3, dtype: str = "auto", assistant: str | None = None) -> Path:
+    """The drafter the target's checkpoint ships (or, with `assistant`, the Gemma 4 assistant folder shipped beside
+    it), written as a draftheads drafter folder at `out`: what `draftheads eval` measures as the baseline, and what
+    head.init_from starts a fine-tune from."""
     out = Path(out).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DraftheadsError(f"--out {out} exists and is not an empty folder; choose a new one")
     check_writable(out, "--out", published=True)
     target, _ = load_target(target_spec, dtype=dtype, device="cpu")
-    drafter = shipped_drafter(target, head_config({"type": "native", "depth": depth}))
+    if assistant:
+        drafter = shipped_assistant(target, head_config({"type": "assistant", "source": assistant, "depth": depth}))
+    else:
+        drafter = shipped_drafter(target, head_config({"type": "native", "depth": depth}))
     return save_drafter(drafter, out, target=target)

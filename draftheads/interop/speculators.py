@@ -102,7 +102,37 @@ LAYOUTS = (
             "aux_hidden_state_layer_ids are one above z-lab's target_layer_ids",
         ),
     ),
+    Layout(
+        format="speculators", kind="native", engine="speculators 0.9.0 (MTPDraftModel) / vLLM's MTP loaders",
+        weights_file="model.safetensors",
+        architectures=("MTPDraftModel",),
+        config={"speculators_model_type": "mtp", "num_nextn_predict_layers": "1 (the only value it takes)",
+                "transformer_layer_config": "the target's text config (qwen3_next, qwen3_5_text, qwen3_5_moe_text)",
+                "speculators_config": "as EAGLE-3's: greedy proposal of the drafter's depth, the verifier"},
+        tensors=(Tensor("mtp_layers.0.input_proj.weight", ("H", "2H")),   # [token_layernorm(emb); hidden_layernorm(h)]
+                 Tensor("mtp_layers.0.token_layernorm.weight", ("H",)),
+                 Tensor("mtp_layers.0.hidden_layernorm.weight", ("H",)),
+                 Tensor("mtp_layers.0.final_layernorm.weight", ("H",))),
+        families=("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"),
+        read_from=(
+            LoaderFile(SPECULATORS, "src/speculators/models/mtp/config.py", "PyPI speculators==0.9.0"),
+            LoaderFile(SPECULATORS, "src/speculators/models/mtp/core.py", "PyPI speculators==0.9.0"),
+            LoaderFile(SPECULATORS, "src/speculators/models/mtp/model_definitions.py", "PyPI speculators==0.9.0"),
+            LoaderFile(SPECULATORS, "src/speculators/convert/mtp/converter.py", "PyPI speculators==0.9.0"),
+        ),
+        traps=(
+            "MTPLayerMixin returns final_layernorm(output): the next step and the lm_head both read the normed output",
+            "embed_tokens and lm_head are NaN until from_pretrained reloads them from the verifier's folder",
+            "experts are transformers' fused gate_up_proj / down_proj (its converter stacks the checkpoint's)",
+            "num_nextn_predict_layers other than 1 is refused by its config validator",
+        ),
+    ),
 )
+
+
+# our native MTP module's parts -> speculators' MTPLayerMixin names (the decoder layer's own names are kept)
+MTP_PARTS = {"proj": "input_proj", "out_norm": "final_layernorm", "hnorm": "hidden_layernorm",
+             "enorm": "token_layernorm", "layer": None}
 
 
 def speculators_fields(s: SavedDrafter, kind: str, architecture: str, layer: dict, tokens: int) -> dict:
@@ -180,12 +210,29 @@ def write_peagle(s: SavedDrafter):
     return tensors, {**config, "mask_token_id": s.head.mask_token_id}, weights
 
 
+def write_mtp(s: SavedDrafter):
+    """MTPDraftModel: a Qwen MTP layer shipped with its target (head.type native) under mtp_layers.0., the target's
+    whole text config as its layer config (speculators builds the layer at its last full_attention index)."""
+    target = s.target_config().to_dict()
+    layer = {k: v for k, v in target.items() if k not in ("architectures", "transformers_version")}
+    tensors = {}
+    for key, value in s.state.items():
+        _, _, part, rest = key.split(".", 3)
+        tensors[f"mtp_layers.0.{rest}" if part == "layer" else f"mtp_layers.0.{MTP_PARTS[part]}.{rest}"] = value
+    config = {**speculators_fields(s, "mtp", "MTPDraftModel", layer, s.speculative_tokens),
+              "num_nextn_predict_layers": 1}
+    return tensors, config, "model.safetensors"
+
+
 def refusal(saved: SavedDrafter) -> str | None:
-    """speculators loads its layout for the families it lists."""
+    """speculators loads its layout for the families it lists; its MTP step reads the normed output."""
+    if saved.kind == "native" and saved.head.normed_carry is False:
+        return ("speculators' MTPDraftModel feeds each step the module's normed output; this drafter was trained on "
+                "the raw one (head.normed_carry: false)")
     return None
 
 
-WRITERS = {"eagle3": write_eagle3, "peagle": write_peagle, "dflash": write_dflash}
+WRITERS = {"eagle3": write_eagle3, "peagle": write_peagle, "dflash": write_dflash, "native": write_mtp}
 
 
 def serve_command(s: SavedDrafter, model: str, target: str) -> str:

@@ -1,7 +1,8 @@
 """The target's features: computed per batch (online) or once into an on-disk cache (offline).
 
-Features of a row are the target's hidden states at the drafter's `feature_layers`, concatenated
-on the last axis: [s, F] with F = hidden_size * len(feature_layers).
+Features of a row are the target's hidden states at the drafter's `feature_layers` (and, for Gemma 4's assistant
+drafters, the keys and values its last layers store), concatenated on the last axis: [s, F], F = hidden_size *
+len(feature_layers) for hidden states alone.
 
 Cache layout (one folder per target/data/layers/dtype combination):
   shard_00000.npy ...  [tokens of rows a..b, F] each, rows in dataset order (numpy, memory-mapped on read;
@@ -32,6 +33,8 @@ from tqdm.auto import tqdm
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.state_files import DamagedFile, read_json
+from draftheads.core.target_family import reads_kv
+from draftheads.decoding.verify import feature_outputs, gather_features
 from draftheads.training.batches import collate
 from draftheads.training.sharding import is_sharded
 
@@ -47,7 +50,8 @@ STORAGE = {  # feature_dtype -> (torch dtype, numpy storage dtype, bytes per val
 @torch.no_grad()
 def target_features(target, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers,
                     position_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """Hidden states at `layers` (indices into hidden_states; -1 = after the final norm), [b, s, F].
+    """The features `layers` name (decoding/verify.gather_features: hidden states, -1 = after the final norm, and
+    stored keys and values), [b, s, F].
 
     Runs the base model only: the lm_head over the whole vocabulary is not needed here. Packed rows come
     with position_ids [b, s] restarting at 0 for each row and no attention mask: transformers then builds
@@ -56,15 +60,19 @@ def target_features(target, input_ids: torch.Tensor, attention_mask: torch.Tenso
     base = getattr(target, "base_model", target)
     if position_ids is not None:
         attention_mask = None
-    out = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-               output_hidden_states=True, use_cache=False)
-    hidden = out.hidden_states
-    return torch.cat([hidden[i] for i in layers], dim=-1)
+    out = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+               **feature_outputs(layers))
+    return gather_features(out, layers)
 
 
 def feature_dim(target, layers) -> int:
+    """F of `layers`' features: hidden_size each, and what one position of a stored-keys feature takes (read off a
+    one-token forward, since the heads and sizes of such a layer are the family's business)."""
     config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
-    return config.hidden_size * len(layers)
+    if not reads_kv(layers):
+        return config.hidden_size * len(layers)
+    one = torch.zeros(1, 1, dtype=torch.long, device=next(target.parameters()).device)
+    return int(target_features(target, one, torch.ones_like(one), layers).shape[-1])
 
 
 def _settings(target, layers, max_length: int, feature_dtype: str) -> dict:

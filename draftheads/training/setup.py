@@ -26,6 +26,7 @@ from draftheads.data.datastore import COLUMNS, check_mode, load_rows, read_meta
 from draftheads.data.hardware import check_cpu_launch, resolve_device, resolve_dtype
 from draftheads.data.target import load_target, load_target_config
 from draftheads.heads.factory import bound_drafter, drafter_class, new_drafter
+from draftheads.interop.assistant_folder import shipped_assistant
 from draftheads.interop.load import load_drafter
 from draftheads.interop.shipped_mtp import shipped_drafter
 from draftheads.interop.vocab_mapping import read_vocab_mapping
@@ -269,8 +270,9 @@ def initial_drafter(recipe, model, rows, train_idx):
             raise DraftheadsError(f"head.init_from '{head.init_from}' holds a {drafter.config.type} drafter but "
                                   f"head.type is {head.type}")
         return drafter
-    # the MTP layers the target's checkpoint ships, as shipped
-    drafter = shipped_drafter(model, head) if head.type == "native" else bound_drafter(head, model)
+    # the drafter the target ships (its checkpoint's MTP layers, Gemma 4's assistant folder), as shipped
+    shipped = {"native": shipped_drafter, "assistant": shipped_assistant}.get(head.type)
+    drafter = shipped(model, head) if shipped else bound_drafter(head, model)
     vocab = recipe.derived["vocab_size"]
     if recipe.train.draft_vocab_from:
         if not drafter.vocab.restricted:
@@ -307,7 +309,7 @@ def make_rowset(recipe, accelerator, model, drafter, rows, lengths) -> B.RowSet:
                                 cfg.feature_dtype, cfg.batch_size, share_folder=not cfg.feature_cache,
                                 keep_earlier=bool(cfg.more_data))
     if (not np.array_equal(cache.lengths, lengths)
-            or cache.dim != model.config.get_text_config().hidden_size * len(layers)):
+            or cache.dim != feature_dim(model, layers)):
         raise DraftheadsError(f"feature cache {folder} was built for other data or feature layers; delete it or set "
                               "train.feature_cache elsewhere")
     return B.RowSet(rows, cfg.max_length, cache)

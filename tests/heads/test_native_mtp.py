@@ -220,3 +220,37 @@ def test_the_one_loop_fine_tunes_a_shipped_drafter(family, train_only, checkpoin
     assert not torch.equal(saved["blocks.0.proj.weight"], shipped["blocks.0.proj.weight"])
     again = load_drafter(str(run), target)
     assert again.config.type == "native" and again.config.train_only == train_only
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+def test_speculators_own_loader_reads_a_fine_tuned_qwen_mtp_export(family, checkpoints, tmp_path):
+    """speculators 0.9.0's MTPDraftModel.from_pretrained (the second virtual environment) loads the export: every
+    parameter finite (it fills what it does not find with NaN, embed_tokens and lm_head come from the verifier's
+    folder) and equal to ours. NextN drafters are refused there in one line that names speculators."""
+    import subprocess
+
+    from tests.interop.test_export import SPECULATORS_PYTHON
+
+    if not SPECULATORS_PYTHON.is_file():
+        pytest.skip("no .venv-speculators: run `make speculators-venv` (or `make test`)")
+    target = load_shipped_target(checkpoints[family])
+    target.name_or_path = str(checkpoints[family])
+    drafter = bound_as_shipped(target)
+    with torch.no_grad():
+        drafter.blocks[0].proj.weight.add_(0.01)
+    folder = export_drafter(str(save_drafter(drafter, tmp_path / "native", target=target)), "speculators",
+                            tmp_path / "speculators")
+    script = os.path.join(os.path.dirname(__file__), "..", "engines", "speculators_check.py")
+    done = subprocess.run([str(SPECULATORS_PYTHON), script, str(folder)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
+    assert result["ok"], result["problems"]
+
+
+def test_a_nextn_drafter_is_refused_by_speculators_in_one_line(checkpoints, tmp_path):
+    target = load_shipped_target(checkpoints["glm4_moe"])
+    target.name_or_path = str(checkpoints["glm4_moe"])
+    native = save_drafter(bound_as_shipped(target), tmp_path / "native", target=target)
+    with pytest.raises(DraftheadsError, match="speculators.* glm4_moe") as err:
+        export_drafter(str(native), "speculators", tmp_path / "out")
+    assert "\n" not in str(err.value) and "checkpoint" in str(err.value)   # the formats it has
