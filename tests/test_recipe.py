@@ -11,7 +11,8 @@ from tests.fixtures import make_config
 def test_every_bundled_recipe_loads_and_validates(name):
     recipe = load_recipe(name)
     assert recipe.name == name
-    assert recipe.head.type in ("medusa", "medusa2", "eagle", "eagle3", "mtp", "dflash", "peagle", "native")
+    assert recipe.head.type in ("medusa", "medusa2", "eagle", "eagle3", "mtp", "dflash", "peagle", "native",
+                                "assistant")
     # the header comment gives the launch command
     from draftheads.recipe import read_recipe_text
 
@@ -28,7 +29,7 @@ def test_bundled_set_covers_every_head_type_for_smollm2_and_full_size():
     names = set(bundled_recipes())
     assert {"medusa-smollm2", "eagle-smollm2", "mtp-smollm2"} <= names
     full = [load_recipe(n) for n in names if "smollm2" not in n]
-    assert {r.head.type for r in full} == {"medusa", "eagle", "eagle3", "mtp", "native"}
+    assert {r.head.type for r in full} == {"medusa", "eagle", "eagle3", "mtp", "native", "assistant"}
 
 
 def test_overrides_are_parsed_as_yaml_and_nested():

@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers.models.gemma4_assistant import Gemma4AssistantForCausalLM
 
+from draftheads.core.drafter import Drafter, TrainableDrafter
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import Tree
 from draftheads.decoding.generate import speculative_generate
@@ -73,6 +74,7 @@ def test_the_first_drafts_are_transformers_own(target, folder):
                          ids=["chain", "tree"])
 def test_greedy_output_is_plain_decoding(target, folder, tree):
     drafter = as_shipped(target, folder).eval()
+    assert isinstance(drafter, Drafter) and isinstance(drafter, TrainableDrafter)
     prompts = [PROMPT, PROMPT[:5]]
     plain = speculative_generate(target, None, prompts, 12, eos_token_id=[])
     assert speculative_generate(target, drafter, prompts, 12, tree=tree, eos_token_id=[]).rows == plain.rows

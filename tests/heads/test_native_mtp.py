@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 from transformers.modeling_layers import MtpModel
 
+from draftheads.core.drafter import Drafter, TrainableDrafter
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import Tree
 from draftheads.decoding.generate import speculative_generate
@@ -107,6 +108,7 @@ def test_the_shipped_drafter_keeps_greedy_output_and_recurses_past_its_one_modul
     target = load_shipped_target(checkpoints[family])
     drafter = bound_as_shipped(target, depth=3)
     assert len(drafter.blocks) == 1 and drafter.step(3) is drafter.blocks[0]   # vLLM's step % modules
+    assert isinstance(drafter, Drafter) and isinstance(drafter, TrainableDrafter)
     prompt = torch.tensor([5, 17, 42, 9, 77, 31])
     plain = speculative_generate(target, None, prompt, 12, eos_token_id=[])
     spec = speculative_generate(target, drafter, prompt, 12, tree=Tree.chain(3), eos_token_id=[])
@@ -177,6 +179,30 @@ def test_put_back_rewrites_only_the_drafter_shards_and_never_the_original(family
     again = shipped_drafter(load_shipped_target(out))   # the new checkpoint ships the changed drafter
     for (name, a), b in zip(drafter.state_dict().items(), again.state_dict().values()):
         torch.testing.assert_close(a, b, msg=name)
+
+
+@pytest.mark.parametrize("family", NEXTN)
+@torch.no_grad()
+def test_transformers_own_mtp_model_reads_a_put_back_checkpoint_as_our_drafter(family, checkpoints, tmp_path):
+    """The fine-tuned NextN layer, put back, read by another loader (transformers' MtpModel over the new checkpoint):
+    its first step equals our fine-tuned drafter's."""
+    target = load_shipped_target(checkpoints[family])
+    target.name_or_path = str(checkpoints[family])
+    drafter = bound_as_shipped(target)
+    for tensor in drafter.state_dict().values():
+        tensor.add_(0.01 * torch.randn_like(tensor.float()).to(tensor.dtype))
+    out = export_drafter(str(save_drafter(drafter, tmp_path / "tuned", target=target)), "checkpoint", tmp_path / "out")
+    released = load_shipped_target(out)
+    released._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{LAYERS}\..*"]
+    reference = MtpModel.from_pretrained(released).eval()
+    ids = torch.randint(3, 300, (1, 10), generator=torch.Generator().manual_seed(1))
+    h0 = released(ids, output_hidden_states=True).hidden_states[-1][:, :-1]
+    embeds = released.get_input_embeddings()(ids[:, 1:])
+    if family == "deepseek_v3":
+        embeds[:, 0] = 0
+    want = reference._project_to_logits(reference.forward_layer(0, h0, torch.arange(9)[None], None,
+                                                                inputs_embeds=embeds))[0]
+    torch.testing.assert_close(step_one_logits(drafter, target, ids), want, rtol=1e-4, atol=1e-4)
 
 
 def test_a_target_without_shipped_layers_is_refused_in_one_line(checkpoints, tmp_path):

@@ -162,3 +162,39 @@ def test_deepspeed_checkpoints_are_read_as_plain_tensors(tmp_path):
     torch.save({"module": Payload()}, tmp_path / "payload.pt")
     with pytest.raises(pickle.UnpicklingError):
         engine.checkpoint_engine.load(str(tmp_path / "payload.pt"))
+
+
+@pytest.fixture(scope="module")
+def shipped_targets(tmp_path_factory, tokenizer):
+    """Target folders that ship their drafters: a GLM-4.5 checkpoint with its NextN layer, and a Gemma 4 target
+    with its assistant folder beside it."""
+    from tests.families import family_target
+    from tests.fixtures import shipped_assistant_folder
+    from tests.shipped_checkpoints import shipped_checkpoint
+
+    root = tmp_path_factory.mktemp("shipped")
+    gemma = family_target("gemma4", tokenizer)
+    gemma.save_pretrained(root / "gemma4")
+    tokenizer.save_pretrained(root / "gemma4")
+    return {"native": (shipped_checkpoint("glm4_moe", root / "glm4_moe"), {"type": "native", "depth": 2}),
+            "assistant": (root / "gemma4", {"type": "assistant", "depth": 2,
+                                            "source": str(shipped_assistant_folder(gemma, root / "assistant"))})}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("head,mode,shard", [("native", "online", True), ("assistant", "offline", False)])
+def test_fsdp_two_processes_fine_tune_a_shipped_drafter_as_one(tmp_path, data_dir, shipped_targets, head, mode,
+                                                               shard):
+    """The drafters targets ship (a MoE NextN layer; Gemma 4's assistant, its keys and values cached as features)
+    fine-tuned under FSDP2 as one process fine-tunes them. The rows are the tiny llama target's (the same
+    tokenizer): what is checked is the distributed mechanics, not what is learned."""
+    target_dir, settings = shipped_targets[head]
+    recipe = tiny_recipe(data_dir, tmp_path / "run", settings, mode=mode, max_steps=4, batch_size=3, save_every=2,
+                         eval_every=2).to_dict()
+    recipe.pop("derived", None)
+    recipe["target"]["name"] = str(target_dir)
+    path = tmp_path / f"{head}-{mode}.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    finished(accelerate_launch(["--config_file", str(CONFIGS / "fsdp_cpu.yaml")], path,
+                               f"train.output_dir={tmp_path / 'fsdp'}", f"train.shard_target={shard}", port=29569))
+    same_training(tmp_path / "fsdp", one_process(path, tmp_path / "one"), FP32_ORDER)
