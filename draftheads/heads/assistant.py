@@ -10,7 +10,9 @@ step k at the pending token's position p (the same p for every step):
 The keys and values reach the drafter as features (core/target_family.KV_FEATURE), so verification, training's
 online and cached features carry them like hidden states. A tree is drafted one depth per call: every node of a depth
 is one more query at p, fed its own token and its parent's h (the steps see each other only through h).
-Training unrolls `depth` steps at every anchor t at once (position t + 1, keys up to t), weighted step_decay^(k-1).
+Training unrolls `depth` steps at every anchor t at once (position t + 1, keys up to t), weighted step_decay^(k-1);
+an assistant whose lm_head is centroid-masked learns its tokens over the whole lm_head and its centroids as a
+classifier of the centroid holding the next token (step_loss).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig
 from transformers.models.gemma4_assistant import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
@@ -29,7 +32,7 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims, text_config
 from draftheads.core.target_family import FULL, SLIDING, kv_feature
 from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
-from draftheads.heads.parts.common import DepthMetrics, batch_features, bind_frozen, masked_ce, mean_loss
+from draftheads.heads.parts.common import DepthMetrics, batch_features, bind_frozen, masked_ce, mean_loss, shift_mask
 from draftheads.heads.parts.draft_tree import Sampling, draft_dynamic, draft_static
 from draftheads.heads.parts.draft_vocab import vocabulary
 from draftheads.heads.parts.files import WeightsOnly
@@ -203,10 +206,32 @@ class AssistantDrafter(nn.Module):
             same = segment[:, :n, None] == segment[:, None, :]
             visible = self.visible(query, positions, same)
             last, carry = self.step(ids[:, k : k + n], carry[:, :n], query, kv, visible)
-            loss_sum, correct, total = masked_ce(last, batch, k + 1, self.logits, self.vocab)
+            loss_sum, correct, total = self.step_loss(last, batch, k + 1)
             metrics.add(k - 1, loss_sum, correct, total)
             loss = loss + weights[k - 1] * mean_loss(loss_sum, total)
         return loss, metrics.as_dict()
+
+    def step_loss(self, last: torch.Tensor, batch: dict, shift: int):
+        """(loss sum, top-1 hits, count) of predicting x_{t+shift} from the assistant's output at t.
+
+        An assistant with the centroid-masked lm_head drafts among the tokens of its top centroids, a choice no
+        gradient passes through; so it learns as two classifiers: the token over the whole (tied) lm_head, and the
+        centroid holding it over the centroids. Hits are counted as it drafts, masked."""
+        if not self.model.config.use_ordered_embeddings:
+            return masked_ce(last, batch, shift, self.logits, self.vocab)
+        mask = shift_mask(batch, shift)
+        rows, labels = last[:, : mask.shape[1]][mask], batch["input_ids"][:, shift:][mask]
+        if labels.numel() == 0:
+            return last.sum() * 0.0, 0, 0
+        embedder = self.model.masked_embedding
+        cluster = torch.empty_like(embedder.token_ordering)
+        cluster[embedder.token_ordering.long()] = torch.arange(len(cluster), device=cluster.device)
+        cluster = cluster // embedder.vocab_size_per_centroid   # token -> the centroid whose block holds it
+        loss_sum = (F.cross_entropy(self.model.lm_head(rows).float(), labels, reduction="sum")
+                    + F.cross_entropy(embedder.centroids(rows).float(), cluster[labels], reduction="sum"))
+        with torch.no_grad():
+            correct = (self.logits(rows).argmax(-1) == labels).sum()
+        return loss_sum, correct, labels.numel()
 
     # ---- drafting ------------------------------------------------------------------------------------------------
 

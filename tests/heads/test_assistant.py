@@ -134,8 +134,10 @@ def test_the_one_loop_fine_tunes_an_assistant(target, folder, tmp_path, mode, tr
                          lr=3e-3, warmup_steps=2, mode=mode)
     run = run_training(recipe, target=target)
     losses = [h["loss"] for h in json.loads((run / "final" / "metrics.json").read_text())["history"]]
-    # 16 steps from the shipped weights on 19 rows; last / first measured below 0.9 in every setting here (see the
-    # closing note's margins); the bound of 1 says only that fine-tuning lowers the loss
+    # 16 steps from the shipped weights on 19 rows, last / first (AMD EPYC; native, ATEN_CPU_CAPABILITY=avx2 and
+    # =default within 0.003 of each other): centroids 0.817 online, 0.945 offline with the projections alone;
+    # lm_head 0.769 and 0.921. The bound of 1 says only that fine-tuning lowers the loss: 0.055 of room for the
+    # weakest, 20x the spread the kernels made
     at_most(losses[-1] / losses[0], 1.0, "logged loss, last / first")
     saved = drafter_weights(run / "final" / "drafter")
     moved = {k for k in saved if not torch.equal(saved[k], shipped[k])}
