@@ -1,8 +1,11 @@
-"""`draftheads engine eval llama.cpp DRAFTER`: EAGLE-3 drafters inside llama.cpp, beside the engine's own decoding.
+"""`draftheads engine eval llama.cpp DRAFTER`: EAGLE-3 and native MTP drafters inside llama.cpp, beside the engine's
+own decoding.
 
     folder = run_engine_eval(["runs/eagle3-smollm2"], EngineEvalConfig(limit=10, draft_tokens=[2, 3, 4]))
 
-Each drafter is exported to GGUF (interop/llama_cpp.py) and paired with the target GGUF. One llama-server per
+Each EAGLE-3 drafter is exported to GGUF (interop/llama_cpp.py) and paired with the target GGUF; a native MTP
+drafter (head.type native) is put back into a copy of its checkpoint and the whole of it converted by llama.cpp's
+converter, its MTP layer riding in the target's GGUF, run with `draft-mtp`. One llama-server per
 configuration runs at once on the loopback: plain greedy decoding, llama.cpp's n-gram speculation modes (each at
 llama.cpp's own settings and at short ones), and every drafter under `draft-eagle3` at every draft length, alone and
 with an n-gram mode beside it (llama.cpp mixes a drafter with one draftless mode). Every conversation is decoded by
@@ -18,6 +21,7 @@ speculative outputs must equal llama.cpp's plain greedy outputs; the report coun
 from __future__ import annotations
 
 import contextlib
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -41,10 +45,11 @@ from draftheads.evaluation.report import now, write_report
 from draftheads.evaluation.report_folder import check_report_folder, report_folder
 from draftheads.evaluation.saved_runs import load_eval_target
 from draftheads.interop.export import export_drafter
+from draftheads.interop.gguf_targets import convert_to_gguf
 from draftheads.interop.llama_cpp import DRAFTER_FILE
 from draftheads.interop.llama_cpp_build import install_llama_cpp
 from draftheads.interop.llama_server import LlamaServer, Reply
-from draftheads.interop.native import read_export_record, resolve_drafter_folder
+from draftheads.interop.native import read_config, read_export_record, resolve_drafter_folder
 from draftheads.measurement.conversations import Conversation, EvalSettings, first_chat, load_conversations
 from draftheads.measurement.drafter_specs import learned_paths
 from draftheads.measurement.entries import drafter_name, learned_entry
@@ -71,6 +76,7 @@ class EngineConfig:
     drafter: str | None = None
     draft_tokens: int | None = None
     p_min: float = 0.0
+    model: str | None = None   # a GGUF served instead of the target: a native drafter's checkpoint, its MTP layer inside
 
 
 @dataclass
@@ -82,9 +88,11 @@ class Side:
 
 
 def engine_configs(drafters: dict[str, Path], draft_tokens: list[int], ngram: bool = True,
-                   p_mins: list[float] = (0.0,)) -> list[EngineConfig]:
+                   p_mins: list[float] = (0.0,), inside: frozenset = frozenset()) -> list[EngineConfig]:
     """Plain decoding first (what every row is compared with), the n-gram modes, then each drafter at each draft length
-    and confidence floor (p_min: llama.cpp stops a draft at the first token whose draft probability is below it)."""
+    and confidence floor (p_min: llama.cpp stops a draft at the first token whose draft probability is below it).
+    Drafters named in `inside` are GGUFs of the whole target with its MTP layer (`draft-mtp`), else EAGLE-3 drafter
+    GGUFs beside the target (`draft-eagle3`)."""
     configs = [EngineConfig("llama.cpp plain", "plain")]
     if ngram:
         for mode in NGRAM_MODES:
@@ -95,13 +103,16 @@ def engine_configs(drafters: dict[str, Path], draft_tokens: list[int], ngram: bo
         for n in draft_tokens:
             for p in p_mins:
                 label = f"{name} n={n}" + (f" p-min {p:g}" if p else "")
-                drafter = ("-md", str(gguf), "--spec-draft-n-max", str(n), "--spec-draft-p-min", f"{p:g}")
-                configs.append(EngineConfig(label, "drafter", (*drafter, "--spec-type", "draft-eagle3"), name, n, p))
+                mtp = name in inside
+                drafter = (() if mtp else ("-md", str(gguf))) + ("--spec-draft-n-max", str(n), "--spec-draft-p-min",
+                                                                 f"{p:g}")
+                kind, model = ("draft-mtp", str(gguf)) if mtp else ("draft-eagle3", None)
+                configs.append(EngineConfig(label, "drafter", (*drafter, "--spec-type", kind), name, n, p, model))
                 if ngram:
                     configs.append(EngineConfig(f"{label} + {PAIRED_NGRAM}", "drafter+ngram",
-                                                (*drafter, "--spec-type", f"draft-eagle3,{PAIRED_NGRAM}",
+                                                (*drafter, "--spec-type", f"{kind},{PAIRED_NGRAM}",
                                                  *SHORT[PAIRED_NGRAM]),
-                                                name, n, p))
+                                                name, n, p, model))
     return configs
 
 
@@ -116,21 +127,23 @@ def run_engine_eval(drafters: list[str], config: EngineEvalConfig | None = None,
                               "need a GPU)")
     paths = learned_paths(drafters)
     if not paths:
-        raise DraftheadsError("draftheads engine eval needs an EAGLE-3 drafter folder (prompt lookup runs in our own "
-                              "loop only)")
+        raise DraftheadsError("draftheads engine eval needs an EAGLE-3 or native MTP drafter folder (prompt lookup "
+                              "runs in our own loop only)")
     draft_tokens, p_mins = sorted(set(config.draft_tokens)), sorted(set(config.p_mins))
     check_report_folder(out, drafters)
     folder = report_folder(out, drafters)
     # refuses a drafter llama.cpp cannot run, before the build
-    exports = export_for_engine(paths, folder / "gguf", target)
+    exports = export_for_engine(paths, folder / "gguf", target, "f32" if config.dtype == "fp32" else "bf16")
     tools = install_llama_cpp()
     model, tokenizer, target_info = load_eval_target(target, config.dtype, paths, target_model,
                                                      chat_template=config.chat_template, device=config.device)
     settings = engine_settings(model, tokenizer, config.max_new_tokens)
     conversations, skipped, _ = load_conversations(config.prompts, config.limit, tokenizer, settings)
     target_gguf = folder / "gguf" / next(iter(exports)) / next(iter(exports.values()))["target"]
-    configs = engine_configs({name: folder / "gguf" / name / DRAFTER_FILE for name in exports}, draft_tokens,
-                             config.ngram, p_mins)
+    files = {name: folder / "gguf" / name / (record["target"] if record.get("mtp") else DRAFTER_FILE)
+             for name, record in exports.items()}
+    configs = engine_configs(files, draft_tokens, config.ngram, p_mins,
+                             frozenset(name for name, record in exports.items() if record.get("mtp")))
     print(f"draftheads engine eval llama.cpp: {len(conversations)} prompts from {config.prompts}, {len(configs)} "
           f"llama-server configurations at once ({tools.server})", flush=True)
     sides = measure_engine(tools.server, target_gguf, configs, conversations, tokenizer, settings, folder / "logs",
@@ -160,18 +173,34 @@ def run_engine_eval(drafters: list[str], config: EngineEvalConfig | None = None,
     return folder
 
 
-def export_for_engine(paths: list[str], where: Path, target: str | None) -> dict[str, dict]:
-    """Each drafter exported for llama.cpp into where/<name>/ (replaced on a rerun); name -> its export record."""
+def export_for_engine(paths: list[str], where: Path, target: str | None, outtype: str = "bf16") -> dict[str, dict]:
+    """Each drafter exported for llama.cpp into where/<name>/ (replaced on a rerun); name -> its export record. A
+    native MTP drafter: its checkpoint put back and converted whole (`outtype`), {"target": the GGUF, "mtp": True}."""
     out = {}
     for path in paths:
         folder = resolve_drafter_folder(path)
         name = drafter_name(folder)
         while name in out:
             name += "'"
+        if read_config(folder).get("head", {}).get("type") == "native":
+            out[name] = {**whole_checkpoint_gguf(folder, where / name, target, outtype), "source": str(folder)}
+            continue
         export_drafter(folder, "llama.cpp", where / name, target=target, overwrite=True)
         record = read_export_record(where / name)
         out[name] = {**record["llama_cpp"], "source": record["source"]}
     return out
+
+
+def whole_checkpoint_gguf(drafter: Path, where: Path, target: str | None, outtype: str) -> dict:
+    """The drafter's checkpoint with its MTP layer put back (where/checkpoint), converted whole by llama.cpp's
+    converter (where/model.gguf): llama.cpp runs an MTP layer from inside the target's own GGUF."""
+    if where.exists():   # an earlier run of this report wrote it: ours to replace, nothing else is
+        if not ((where / "checkpoint").is_dir() or (where / "model.gguf").is_file()):
+            raise DraftheadsError(f"{where} is not a folder an earlier engine eval wrote; choose another --out")
+        shutil.rmtree(where)
+    export_drafter(drafter, "checkpoint", where / "checkpoint", target=target)
+    convert_to_gguf(where / "checkpoint", where / "model.gguf", outtype)
+    return {"target": "model.gguf", "mtp": True}
 
 
 def engine_settings(model, tokenizer, max_new_tokens: int) -> EvalSettings:
@@ -193,7 +222,8 @@ def measure_engine(server: Path, target_gguf: Path, configs: list[EngineConfig],
                                                + len(c.users) * (settings.decode.max_new_tokens + 256)
                                                for c in conversations) + 64)
     with contextlib.ExitStack() as stack:
-        servers = {c.name: stack.enter_context(LlamaServer(server, target_gguf, list(c.args),
+        servers = {c.name: stack.enter_context(LlamaServer(server, Path(c.model) if c.model else target_gguf,
+                                                           list(c.args),
                                                            logs / f"{slug(c.name)}.log",
                                                            threads, context)) for c in configs}
         for running in servers.values():   # one-off costs (allocations, the first graphs) out of the numbers
