@@ -1,12 +1,12 @@
-"""A shipped MTP drafter against the same drafter fine-tuned for another kind of text, on tiny checkpoints of each
-family that ships one (head.type native), and what putting it back costs.
+"""A shipped drafter against the same drafter fine-tuned for another kind of text, on tiny checkpoints of each family
+that ships one (head.type native: an MTP layer; assistant: Gemma 4's assistant folder), and what putting it back costs.
 
     .venv/bin/python -m benchmarks.native_finetune [--steps 80] [--families deepseek_v3,qwen3_5]
     .venv/bin/python -m benchmarks.native_finetune --gpu-estimate
 
-Per family: a tiny checkpoint whose MTP layer starts random (tests/fixtures.shipped_mtp_checkpoint) is "released": its
-drafter trained on the target's continuations of general prose prompts and put back into a copy of the checkpoint
-(export --format checkpoint). That release is the shipped drafter. It is then fine-tuned, the same steps, on the
+Per family: a tiny checkpoint whose MTP layer starts random (tests/fixtures.shipped_mtp_checkpoint; for Gemma 4, a
+random assistant folder, shipped_assistant_folder) is "released": its drafter trained on the target's continuations
+of general prose prompts and put back into a copy of the checkpoint (export --format checkpoint; --format assistant). That release is the shipped drafter. It is then fine-tuned, the same steps, on the
 target's continuations of code prompts, and, as a control, the same steps more on prose; all are measured on held-out
 code and prose prompts: tau of a greedy chain of `depth`. Also printed: the bytes put-back rewrote against the
 checkpoint's size, and whether the original checkpoint's files hash the same after both put-backs.
@@ -39,9 +39,10 @@ from draftheads.decoding.generate import speculative_generate
 from draftheads.heads.factory import head_config, new_drafter
 from draftheads.interop.export import export_drafter
 from draftheads.interop.native import save_drafter
+from draftheads.interop.assistant_folder import shipped_assistant
 from draftheads.interop.shipped_mtp import shipped_drafter
 from draftheads.training.features import target_features
-from tests.fixtures import make_config, make_tokenizer, shipped_mtp_checkpoint
+from tests.fixtures import make_config, make_tokenizer, shipped_assistant_folder, shipped_mtp_checkpoint
 
 MOE = dict(moe_intermediate_size=32, num_experts_per_tok=2)
 LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8)
@@ -55,6 +56,9 @@ SIZES = {   # model_type -> overrides of the fixture sizes (5 layers: the last b
     "qwen3_next": dict(head_dim=16, num_experts=4, shared_expert_intermediate_size=32, layer_types=HYBRID_TYPES,
                        **LINEAR, **MOE),
     "qwen3_5_text": dict(head_dim=16, layer_types=HYBRID_TYPES, **LINEAR),
+    # a Gemma 4 target (per-layer embeddings, local and global layers) with a 2-layer assistant beside it
+    "gemma4_text": dict(head_dim=16, global_head_dim=32, sliding_window=64, hidden_size_per_layer_input=8,
+                        vocab_size_per_layer_input=384, layer_types=["sliding_attention", "full_attention"] * 2),
 }
 PROSE = ["The weather today is", "She walked into the room and", "The history of the city begins",
          "In the morning we usually", "My favourite book tells of", "The river flows past the old",
@@ -121,45 +125,69 @@ def load(folder: Path):
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).requires_grad_(False).eval()
 
 
+def ship(kind: str, target, source: Path, depth: int):
+    """The drafter `source` ships for `target`: a checkpoint's MTP layer, or a Gemma 4 assistant folder's."""
+    if kind == "native":
+        return shipped_drafter(target, head_config({"type": "native", "depth": depth}))
+    return shipped_assistant(target, head_config({"type": "assistant", "source": str(source), "depth": depth}))
+
+
+def put_back(drafter, target, source: Path, root: Path, name: str, kind: str) -> Path:
+    """The drafter written back where it came from: a copy of the checkpoint, or an assistant folder."""
+    if kind == "native":   # the checkpoint is the target's own folder
+        target.name_or_path = str(source)
+    saved = save_drafter(drafter, root / f"{name}-drafter", target=target)
+    return export_drafter(str(saved), "checkpoint" if kind == "native" else "assistant", root / name)
+
+
 def run_family(model_type: str, root: Path, steps: int, depth: int, seed: int) -> dict:
     tokenizer = make_tokenizer()
-    config = make_config(model_type, len(tokenizer), num_hidden_layers=5, **SIZES[model_type])
-    original = shipped_mtp_checkpoint(config, tokenizer, root / "original", seed)
+    kind = "assistant" if model_type == "gemma4_text" else "native"
+    layers = 4 if kind == "assistant" else 5   # a shipped MTP layer is the last of 5
+    config = make_config(model_type, len(tokenizer), num_hidden_layers=layers, **SIZES[model_type])
+    if kind == "native":
+        original = shipped_mtp_checkpoint(config, tokenizer, root / "original", seed)
+        target = load(original)
+    else:
+        torch.manual_seed(seed)
+        target = AutoModelForCausalLM.from_config(config, dtype=torch.float32).requires_grad_(False).eval()
+        target.get_output_embeddings().weight.mul_(8.0)   # sharpened as the fixtures' targets are
+        target.save_pretrained(root / "target")   # the folder the drafters record as their target
+        target.name_or_path = str(root / "target")
+        original = shipped_assistant_folder(target, root / "original", seed)
     before = digests(original)
-    target = load(original)
-    head = head_config({"type": "native", "depth": depth})
     train_prose, held_prose = PROSE[:TRAIN], PROSE[TRAIN:]
     train_code, held_code = CODE[:TRAIN], CODE[TRAIN:]
-    drafter = shipped_drafter(target, head)
+    drafter = ship(kind, target, original, depth)
     torch.manual_seed(0)
     train(drafter, batch_of(target, continuations(target, tokenizer, train_prose, 0), drafter.feature_layers), steps)
-    target.name_or_path = str(original)
-    export_drafter(str(save_drafter(drafter, root / "release-drafter", target=target)), "checkpoint",
-                   root / "release")
-    released = load(root / "release")
-    shipped = shipped_drafter(released, head)
-    tuned = shipped_drafter(released, head)
+    release = put_back(drafter, target, original, root, "release", kind)
+    released = load(release) if kind == "native" else target
+    shipped, tuned, more = (ship(kind, released, release, depth) for _ in range(3))
     torch.manual_seed(0)
     train(tuned, batch_of(released, continuations(released, tokenizer, train_code, 100), tuned.feature_layers),
           steps)
     # the control: the release trained the same steps more on its own kind of text, so that the code column's gain
     # is the new data's and not merely more steps'
-    more = shipped_drafter(released, head)
     torch.manual_seed(0)
     train(more, batch_of(released, continuations(released, tokenizer, train_prose, 200), more.feature_layers),
           steps)
-    released.name_or_path = str(root / "release")
-    out = export_drafter(str(save_drafter(tuned, root / "tuned-drafter", target=released)), "checkpoint",
-                         root / "tuned")
+    out = put_back(tuned, released, release, root, "tuned", kind)
     record = json.loads((out / "draftheads_export.json").read_text())
-    return {"family": f"{model_type}, seed {seed}",
+    if kind == "assistant":   # the whole assistant folder is the drafter: its weights file is what is rewritten
+        record["rewritten_files"] = ["model.safetensors"]
+        record["bytes_rewritten"] = (out / "model.safetensors").stat().st_size
+        record["checkpoint_bytes"] = sum(f.stat().st_size for f in release.iterdir()
+                                         if f.is_file() and f.name != "draftheads_export.json")
+    rewritten = record["rewritten_files"]
+    return {"family": f"{model_type}{' assistant' if kind == 'assistant' else ''}, seed {seed}",
             "shipped code": tau(released, shipped, tokenizer, held_code, depth),
             "tuned code": tau(released, tuned, tokenizer, held_code, depth),
             "more prose, code": tau(released, more, tokenizer, held_code, depth),
             "shipped prose": tau(released, shipped, tokenizer, held_prose, depth),
             "tuned prose": tau(released, tuned, tokenizer, held_prose, depth),
             "rewritten": record["bytes_rewritten"], "size": record["checkpoint_bytes"],
-            "files": f"{len(record['rewritten_files'])}/{len(digests(original))}",
+            "files": f"{len(rewritten)}/{len(digests(original))}",
             "original untouched": digests(original) == before}
 
 

@@ -76,7 +76,7 @@ class EngineConfig:
     drafter: str | None = None
     draft_tokens: int | None = None
     p_min: float = 0.0
-    model: str | None = None   # a GGUF served instead of the target: a native drafter's checkpoint, its MTP layer inside
+    model: str | None = None   # a GGUF served instead of the target: a native drafter's checkpoint, MTP layer inside
 
 
 @dataclass

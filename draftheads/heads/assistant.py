@@ -18,6 +18,7 @@ classifier of the centroid holding the next token (step_loss).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -75,6 +76,9 @@ class AssistantConfig:
     def resolve(self, num_layers: int, vocab_size: int) -> None:
         """Read the assistant's config from head.source (once: a saved drafter carries it)."""
         if self.assistant_config is None and self.source:
+            if self.source.startswith(("/", ".", "~")) and not Path(self.source).expanduser().is_dir():
+                raise DraftheadsError(f"head.source '{self.source}' does not exist; give the assistant's folder or "
+                                      "hub id")
             try:
                 self.assistant_config = AutoConfig.from_pretrained(self.source).to_dict()
             except (OSError, ValueError) as e:
