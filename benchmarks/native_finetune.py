@@ -5,11 +5,12 @@ that ships one (head.type native: an MTP layer; assistant: Gemma 4's assistant f
     .venv/bin/python -m benchmarks.native_finetune --gpu-estimate
 
 Per family: a tiny checkpoint whose MTP layer starts random (tests/fixtures.shipped_mtp_checkpoint; for Gemma 4, a
-random assistant folder, shipped_assistant_folder) is "released": its drafter trained on the target's continuations
-of general prose prompts and put back into a copy of the checkpoint (export --format checkpoint; --format assistant). That release is the shipped drafter. It is then fine-tuned, the same steps, on the
-target's continuations of code prompts, and, as a control, the same steps more on prose; all are measured on held-out
-code and prose prompts: tau of a greedy chain of `depth`. Also printed: the bytes put-back rewrote against the
-checkpoint's size, and whether the original checkpoint's files hash the same after both put-backs.
+random assistant folder, shipped_assistant_folder) is "released": its drafter trained on the target's continuations of
+general prose prompts and put back into a copy of the checkpoint (export --format checkpoint; --format assistant).
+That release is the shipped drafter. It is then fine-tuned, the same steps, on the target's continuations of code
+prompts, and, as a control, the same steps more on prose; all are measured on held-out code and prose prompts: tau of
+a greedy chain of `depth`. Also printed: the bytes put-back rewrote against the checkpoint's size, and whether the
+original checkpoint's files hash the same after both put-backs.
 
 --gpu-estimate prints instead what a GPU fine-tune of each family's released size would need, counted on the meta
 device from transformers' own default configs (which are those releases' sizes): the drafter's parameters, active
