@@ -106,7 +106,8 @@ def test_an_export_is_an_assistant_folder_transformers_loads_with_the_new_weight
     drafter = as_shipped(target, folder)
     with torch.no_grad():
         drafter.model.pre_projection.weight.add_(0.01)
-    target.name_or_path = "tiny-gemma4"
+    target.save_pretrained(tmp_path / "target")   # a local target: nothing is looked up on the hub
+    target.name_or_path = str(tmp_path / "target")
     out = export_drafter(str(save_drafter(drafter, tmp_path / "native", target=target)), "assistant",
                          tmp_path / "assistant")
     loaded = Gemma4AssistantForCausalLM.from_pretrained(out, dtype=torch.float32)
