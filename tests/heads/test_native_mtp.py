@@ -28,7 +28,7 @@ from tests.families import family_target
 from tests.shipped_checkpoints import LAYERS, load_shipped_target, shipped_checkpoint
 from tests.test_family_matrix import P_MIN, three_token_law
 
-FAMILIES = ("deepseek_v3", "glm4_moe", "qwen3_next", "qwen3_5")
+FAMILIES = ("deepseek_v3", "glm4_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe")
 NEXTN = ("deepseek_v3", "glm4_moe")
 
 
@@ -148,7 +148,7 @@ def tensors_of(folder) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_next"])
+@pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_next", "qwen3_5_moe"])
 def test_put_back_rewrites_only_the_drafter_shards_and_never_the_original(family, checkpoints, tmp_path):
     """Unchanged, the drafter put back gives every tensor bit for bit; changed, exactly its tensors change, in the
     checkpoint's dtype and per-expert layout; untouched shards are hard links; the original's bytes never change."""
@@ -248,7 +248,7 @@ def test_the_one_loop_fine_tunes_a_shipped_drafter(family, train_only, checkpoin
     assert again.config.type == "native" and again.config.train_only == train_only
 
 
-@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "qwen3_5_moe"])
 def test_speculators_own_loader_reads_a_fine_tuned_qwen_mtp_export(family, checkpoints, tmp_path):
     """speculators 0.9.0's MTPDraftModel.from_pretrained (the second virtual environment) loads the export: every
     parameter finite (it fills what it does not find with NaN, embed_tokens and lm_head come from the verifier's
