@@ -280,3 +280,23 @@ def test_a_nextn_drafter_is_refused_by_speculators_in_one_line(checkpoints, tmp_
     with pytest.raises(DraftheadsError, match="speculators.* glm4_moe") as err:
         export_drafter(str(native), "speculators", tmp_path / "out")
     assert "\n" not in str(err.value) and "checkpoint" in str(err.value)   # the formats it has
+
+
+def test_the_shipped_drafter_is_evaluated_as_shipped_by_the_cli_and_draftheads_eval(checkpoints, tmp_path):
+    """`draftheads shipped` writes the drafter a checkpoint ships as a drafter folder; `draftheads eval` measures it
+    under greedy, strict and typical acceptance, on a tree (a NextN target verifies trees): the baseline every
+    fine-tune is compared with."""
+    from draftheads.cli import main
+    from draftheads.evaluation.eval_config import EvalConfig
+    from draftheads.evaluation.evaluate import run_eval
+
+    assert main(["shipped", str(checkpoints["deepseek_v3"]), "--out", str(tmp_path / "shipped"), "--depth", "2",
+                 "--dtype", "fp32"]) == 0
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def add(a, b):"}) + "\n")
+    config = EvalConfig(prompts=str(prompts), accept=["greedy", "strict", "typical"], tree="static:[[0],[1],[0,0]]",
+                        max_new_tokens=6, dtype="fp32")
+    out = run_eval([str(tmp_path / "shipped")], config, out=str(tmp_path / "eval"), progress=False)
+    rows = [r for r in json.loads((out / "report.json").read_text())["results"] if r["drafter"] == "shipped"]
+    assert sorted(r["rule"] for r in rows) == ["greedy", "strict", "typical"]
+    assert all(r["greedy_mismatches"] == 0 for r in rows if r["rule"] == "greedy")
