@@ -93,8 +93,10 @@ class MTPModule(nn.Module):
         self.enorm = make_norm(self.layer, hidden, eps)
         self.proj = nn.Linear(2 * hidden, hidden, bias=False)
         self.out_norm = make_norm(self.layer, hidden, eps) if structure.own_norm else None
-        if structure.frozen_layer:
+        if structure.frozen_layer or structure.lora:
             self.layer.requires_grad_(False)
+        if structure.lora:
+            self.layer = with_lora(self.layer, *structure.lora)
 
     def forward(self, hidden, emb, rotary, position_ids, visible, cache=None) -> torch.Tensor:
         """hidden, emb [b, n, H] -> what the next step reads [b, n, H]: h^k, or its norm (carry_normed)."""
@@ -105,6 +107,19 @@ class MTPModule(nn.Module):
         fused = self.proj(torch.cat(parts if self.structure.embedding_first else parts[::-1], dim=-1))
         out = run_layer(self.layer, rotary, fused, position_ids, visible, cache)
         return self.out_norm(out) if self.structure.carry_normed else out
+
+
+def with_lora(layer: nn.Module, rank: int, alpha: float, targets: tuple[str, ...]) -> nn.Module:
+    """`layer` with LoRA adapters (peft) on its linear modules named in `targets`; only the adapters train."""
+    from peft import LoraConfig, inject_adapter_in_model   # peft: only LoRA fine-tunes need it
+
+    present = sorted({name.rsplit(".", 1)[-1] for name, m in layer.named_modules() if isinstance(m, nn.Linear)}
+                     & set(targets))
+    if not present:
+        raise DraftheadsError(f"head.lora_targets {list(targets)} names none of this layer's linear modules; choose "
+                              "among q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (as the layer has)")
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=present, lora_dropout=0.0, bias="none")
+    return inject_adapter_in_model(config, layer)
 
 
 class MTPDrafter(nn.Module):

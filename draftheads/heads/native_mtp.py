@@ -39,9 +39,16 @@ class NativeConfig:
     depth: int = doc(3, "draft steps; beyond the shipped modules, step k reruns module (k-1) mod their count")
     step_decay: float = doc(0.6, "step k's loss weight is step_decay^(k-1), normalised (FastMTP's schedule)")
     step_weights: list[float] | None = doc(None, "per-step loss weights, instead of step_decay's")
-    train_only: Literal["all", "fusion"] = doc("all", "what fine-tunes: everything, or only the fusion (the two "
-                                                      "input norms, the projection, the output norm) where the "
-                                                      "module's decoder layer is large (a MoE layer)")
+    train_only: Literal["all", "fusion", "lora"] = doc("all", "what fine-tunes: everything; only the fusion (the two "
+                                                              "input norms, the projection, the output norm); or the "
+                                                              "fusion and LoRA adapters on the decoder layer's linear "
+                                                              "modules, where the layer is large (a MoE layer)")
+    lora_r: int = doc(16, "LoRA rank (train_only: lora)")
+    lora_alpha: float = doc(32.0, "LoRA alpha: the adapters' update is scaled by lora_alpha / lora_r")
+    lora_targets: list[str] = doc(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                                   "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"],
+                                  "the decoder layer's linear modules that get adapters (those the layer has; fused "
+                                  "MoE experts are parameters, not modules, and stay as shipped)")
     normed_carry: bool | None = doc(None, "the next step reads the module's normed output (default: as vLLM runs "
                                           "this layout: normed for Qwen MTP, raw for NextN)")
     checkpoint: str | None = doc(None, "the checkpoint folder or hub id whose MTP layers are read (default: the "
@@ -60,6 +67,8 @@ class NativeConfig:
             check(all(w >= 0 for w in self.step_weights) and sum(self.step_weights) > 0,
                   "head.step_weights must be >= 0 and not all 0")
         check(self.draft_vocab_size is None or self.draft_vocab_size > 0, "head.draft_vocab_size must be positive")
+        check(self.lora_r >= 1 and self.lora_alpha > 0, f"head.lora_r must be >= 1 and head.lora_alpha > 0, got "
+                                                        f"{self.lora_r} and {self.lora_alpha}")
         parse_tree(self.default_tree, "head.default_tree")
 
     def resolve(self, num_layers: int, vocab_size: int) -> None:
@@ -76,14 +85,16 @@ class NativeConfig:
         layout = shipped_layout(target_config)
         count = shipped_count(target_config, layout)
         frozen = self.train_only == "fusion"
+        lora = (self.lora_r, self.lora_alpha, tuple(self.lora_targets)) if self.train_only == "lora" else None
         if layout == "nextn":
             carry = bool(self.normed_carry)
             dense = (("first_k_dense_replace", 0),)   # the module is a MoE layer, built at an index past the dense
             return MTPStructure(count, embedding_first=True, own_norm=True, carry_normed=carry,
                                 zero_first_embedding=text_config(target_config).model_type == "deepseek_v3",
-                                layer_overrides=dense, frozen_layer=frozen)
+                                layer_overrides=dense, frozen_layer=frozen, lora=lora)
         carry = True if self.normed_carry is None else self.normed_carry
-        return MTPStructure(count, embedding_first=True, own_norm=True, carry_normed=carry, frozen_layer=frozen)
+        return MTPStructure(count, embedding_first=True, own_norm=True, carry_normed=carry, frozen_layer=frozen,
+                            lora=lora)
 
 
 def shipped_layout(target_config) -> str:
@@ -113,3 +124,23 @@ def shipped_count(target_config, layout: str) -> int:
         raise DraftheadsError(f"this {t.model_type} checkpoint ships {count} MTP layers behind one mtp.fc; draftheads "
                               "reads Qwen MTP checkpoints with one (every Qwen3-Next and Qwen3.5 release)")
     return int(count)
+
+
+def merged_state(state: dict, config: NativeConfig) -> dict:
+    """A native drafter's tensors with its LoRA adapters merged into the weights they adapt (W + alpha/r · B A) and
+    peft's names undone: the layer as the checkpoint holds it. Without adapters, the tensors as they are."""
+    if not any(".lora_A." in key for key in state):
+        return dict(state)
+    scale = config.lora_alpha / config.lora_r
+    out = {}
+    for key, value in state.items():
+        if ".lora_A." in key or ".lora_B." in key:
+            continue
+        if ".base_layer." in key:
+            module = key.split(".base_layer.")[0]
+            if key.endswith(".weight"):
+                a, b = state[f"{module}.lora_A.default.weight"], state[f"{module}.lora_B.default.weight"]
+                value = (value.float() + scale * (b.float() @ a.float())).to(value.dtype)
+            key = key.replace(".base_layer.", ".")
+        out[key] = value
+    return out

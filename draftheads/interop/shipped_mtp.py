@@ -29,7 +29,7 @@ from draftheads.core.writable import check_writable
 from draftheads.core.target_dims import text_config
 from draftheads.data.target import load_target
 from draftheads.heads.factory import bound_drafter, head_config
-from draftheads.heads.native_mtp import shipped_layout
+from draftheads.heads.native_mtp import merged_state, shipped_layout
 from draftheads.interop.assistant_folder import shipped_assistant
 from draftheads.interop.layout import VLLM, Layout, LoaderFile, Tensor
 from draftheads.interop.native import SavedDrafter, save_drafter
@@ -152,7 +152,11 @@ def read_shipped(drafter, folder: Path, target_config) -> None:
     """Load the MTP tensors of the checkpoint in `folder` into `drafter` (strictly: every tensor it has)."""
     available = key_files(folder)
     ours = drafter.state_dict()
-    wanted = native_keys(ours, target_config, available)
+    # with LoRA (train_only: lora) the layer's weights sit under peft's base_layer; the adapters start as peft made
+    # them (B = 0: the shipped layer's output)
+    adapters = {k: v for k, v in ours.items() if ".lora_A." in k or ".lora_B." in k}
+    plain = {k.replace(".base_layer.", "."): k for k in ours if k not in adapters}
+    wanted = native_keys(plain, target_config, available)
     missing = [k for keys in wanted.values() for k in keys if k not in available]
     if missing:
         raise DraftheadsError(f"{folder} holds no {missing[0]} ({len(missing)} of the MTP tensors a "
@@ -163,8 +167,8 @@ def read_shipped(drafter, folder: Path, target_config) -> None:
     if quantized:
         raise DraftheadsError(f"{folder} stores its MTP tensors quantized ({quantized} is {tensors[quantized].dtype}); "
                               "dequantize the checkpoint to bf16 first (as its model card describes)")
-    state = {key: assemble(key, [tensors[k] for k in keys], ours[key]) for key, keys in wanted.items()}
-    drafter.load_state_dict(state, strict=True)
+    state = {plain[key]: assemble(key, [tensors[k] for k in keys], ours[plain[key]]) for key, keys in wanted.items()}
+    drafter.load_state_dict({**state, **adapters}, strict=True)
 
 
 def read_keys(folder: Path, available: dict[str, str], keys: set[str]) -> dict[str, torch.Tensor]:
@@ -207,13 +211,14 @@ def write_checkpoint(saved: SavedDrafter, tmp: Path) -> dict:
     written (for the export record)."""
     source = source_folder(saved)
     available = key_files(source)
-    wanted = native_keys(saved.state, AutoConfig.from_pretrained(source), available)
+    state = merged_state(saved.state, saved.head)   # LoRA adapters folded into the weights they adapt
+    wanted = native_keys(state, AutoConfig.from_pretrained(source), available)
     missing = [k for keys in wanted.values() for k in keys if k not in available]
     if missing:
         raise DraftheadsError(f"{source} holds no {missing[0]}: it is not the checkpoint this drafter was read from; "
                               "pass --target with that checkpoint's folder")
     replacements = {k: part for key, keys in wanted.items()
-                    for k, part in zip(keys, split_back(key, saved.state[key], len(keys)))}
+                    for k, part in zip(keys, split_back(key, state[key], len(keys)))}
     rewritten = sorted({available[k] for k in replacements})
     for entry in sorted(source.iterdir()):
         if entry.name in rewritten:

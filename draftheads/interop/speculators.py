@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 
 from draftheads.core.errors import DraftheadsError
+from draftheads.heads.native_mtp import merged_state
 from draftheads.interop.dflash_layout import dflash_tensors, dflash_to_engine, read_dflash
 from draftheads.interop.eagle_layout import (
     eagle3_fields,
@@ -216,7 +217,7 @@ def write_mtp(s: SavedDrafter):
     target = s.target_config().to_dict()
     layer = {k: v for k, v in target.items() if k not in ("architectures", "transformers_version")}
     tensors = {}
-    for key, value in s.state.items():
+    for key, value in merged_state(s.state, s.head).items():   # LoRA adapters folded into their weights
         _, _, part, rest = key.split(".", 3)
         tensors[f"mtp_layers.0.{rest}" if part == "layer" else f"mtp_layers.0.{MTP_PARTS[part]}.{rest}"] = value
     config = {**speculators_fields(s, "mtp", "MTPDraftModel", layer, s.speculative_tokens),

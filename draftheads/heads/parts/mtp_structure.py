@@ -21,6 +21,8 @@ class MTPStructure:
     zero_first_embedding: bool = False    # the embedding at position 0 is zeroed (vLLM's DeepSeek MTP does)
     layer_overrides: tuple[tuple[str, object], ...] = ()   # config fields of the module's decoder layer
     frozen_layer: bool = False            # only the fusion (norms, projection) trains; the decoder layer stays
+    lora: tuple[int, float, tuple[str, ...]] | None = None   # (rank, alpha, module names): LoRA on the decoder layer's
+    #                                       linear modules (peft), the layer's own weights frozen
 
     def module_of(self, step: int) -> int:
         """The module (0-based) draft step `step` (1-based) runs."""
