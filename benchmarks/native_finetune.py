@@ -57,6 +57,12 @@ SIZES = {   # model_type -> overrides of the fixture sizes (5 layers: the last b
     "qwen3_next": dict(head_dim=16, num_experts=4, shared_expert_intermediate_size=32, layer_types=HYBRID_TYPES,
                        **LINEAR, **MOE),
     "qwen3_5_text": dict(head_dim=16, layer_types=HYBRID_TYPES, **LINEAR),
+    # the last layer (the shipped MTP one) sliding-window with a dense MLP, as MiMo-V2's are
+    "mimo_v2_flash": dict(head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+                          moe_intermediate_size=32, sliding_window=8,
+                          layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention",
+                                       "sliding_attention"], mlp_layer_types=["dense", "sparse", "sparse", "sparse",
+                                                                              "dense"]),
     # a Gemma 4 target (per-layer embeddings, local and global layers) with a 2-layer assistant beside it
     "gemma4_text": dict(head_dim=16, global_head_dim=32, sliding_window=64, hidden_size_per_layer_input=8,
                         vocab_size_per_layer_input=384, layer_types=["sliding_attention", "full_attention"] * 2),

@@ -146,6 +146,7 @@ def _make_last_layer_mtp(folder: Path, model, seed: int) -> None:
     layers = model.config.num_hidden_layers - 1
     prefix, hidden = f"model.layers.{layers}.", model.config.hidden_size
     qwen = model.config.model_type in QWEN_MTP
+    mimo = model.config.model_type == "mimo_v2_flash"
     g = torch.Generator().manual_seed(seed + 1)
 
     def norm():   # Qwen's norms are 1 + w (w starts at 0); NextN's are w (starts at 1)
@@ -156,6 +157,14 @@ def _make_last_layer_mtp(folder: Path, model, seed: int) -> None:
         extra = {"mtp.fc.weight": proj, "mtp.pre_fc_norm_embedding.weight": norm(),
                  "mtp.pre_fc_norm_hidden.weight": norm(), "mtp.norm.weight": norm()}
         rename = {k: "mtp.layers.0." + k[len(prefix):] for k in index["weight_map"] if k.startswith(prefix)}
+    elif mimo:   # three MTP layers under model.mtp.layers, vLLM's names (mimo_v2_mtp.py); copies of one layer
+        extra, rename = {}, {}
+        for i in range(3):
+            mtp = f"model.mtp.layers.{i}."
+            extra.update({mtp + "enorm.weight": norm(), mtp + "hnorm.weight": norm(),
+                          mtp + "eh_proj.weight": proj.clone(), mtp + "final_layernorm.weight": norm()})
+        rename = {k: "model.mtp.layers.0." + k[len(prefix):].replace("post_attention_layernorm.", "pre_mlp_layernorm.")
+                  for k in index["weight_map"] if k.startswith(prefix)}
     else:
         extra = {prefix + "enorm.weight": norm(), prefix + "hnorm.weight": norm(), prefix + "eh_proj.weight": proj,
                  prefix + "shared_head.norm.weight": norm(),
@@ -165,6 +174,9 @@ def _make_last_layer_mtp(folder: Path, model, seed: int) -> None:
     for file in sorted({index["weight_map"][k] for k in rename}):
         tensors = load_file(str(folder / file))
         save_file({rename.get(k, k): v for k, v in tensors.items()}, str(folder / file), metadata={"format": "pt"})
+    if mimo:   # layers 1 and 2: the layer again, in the file of its own
+        first = {rename[k]: load_file(str(folder / index["weight_map"][k]))[rename[k]] for k in rename}
+        extra.update({k.replace(".layers.0.", f".layers.{i}."): v.clone() for i in (1, 2) for k, v in first.items()})
     index["weight_map"] = {rename.get(k, k): v for k, v in index["weight_map"].items()}
     save_file(extra, str(folder / "model-mtp.safetensors"), metadata={"format": "pt"})
     index["weight_map"].update({k: "model-mtp.safetensors" for k in extra})
@@ -173,7 +185,10 @@ def _make_last_layer_mtp(folder: Path, model, seed: int) -> None:
     config["num_hidden_layers"] = layers
     if "layer_types" in config:
         config["layer_types"] = config["layer_types"][:layers]
-    config["mtp_num_hidden_layers" if qwen else "num_nextn_predict_layers"] = 1
+    if "mlp_layer_types" in config:
+        config["mlp_layer_types"] = config["mlp_layer_types"][:layers]
+    if not mimo:   # MiMo-V2's config names no count (llama.cpp's converter hardcodes 3)
+        config["mtp_num_hidden_layers" if qwen else "num_nextn_predict_layers"] = 1
     (folder / "config.json").write_text(json.dumps(config, indent=2))
 
 

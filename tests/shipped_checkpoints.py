@@ -17,7 +17,14 @@ MORE = {"qwen3_5_moe": ("qwen3_5_moe_text", dict(
     hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
     tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
     shared_expert_intermediate_size=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
-    linear_value_head_dim=8))}
+    linear_value_head_dim=8)),
+    # the last layer (the one that becomes MTP) sliding-window with a dense MLP, as MiMo-V2's MTP layers are
+    "mimo_v2_flash": ("mimo_v2_flash", dict(
+    hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16, v_head_dim=16,
+    max_position_embeddings=512, tie_word_embeddings=False, n_routed_experts=4, num_experts_per_tok=2,
+    moe_intermediate_size=32, sliding_window=8,
+    layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+    mlp_layer_types=["dense", "sparse", "sparse", "sparse", "dense"]))}
 
 
 def shipped_checkpoint(family: str, folder, seed: int = 0) -> Path:

@@ -152,6 +152,13 @@ class MTPDrafter(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.blocks[0].proj.weight.dtype
 
+    def windowed(self, visible: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """visible [b, q, k] cut to the structure's sliding window: queries [b or 1, q] and keys [b or 1, k] are
+        positions. Unchanged where the module's layer sees everything."""
+        if self.structure.window is None:
+            return visible
+        return visible & ((queries[:, :, None] - keys[:, None, :]) < self.structure.window)
+
     def step(self, k: int) -> MTPModule:
         """The module draft step k (1-based) runs: module k, or, where fewer are shipped, vLLM's k mod count."""
         return self.blocks[self.structure.module_of(k)]
@@ -188,7 +195,7 @@ class MTPDrafter(nn.Module):
                 break
             positions = position_ids[:, :n] if position_ids is not None else None
             rope = positions if positions is not None else torch.arange(n, device=input_ids.device)[None]
-            visible = causal_visible(positions, 1, n, device=input_ids.device)
+            visible = self.windowed(causal_visible(positions, 1, n, device=input_ids.device), rope, rope)
             hidden = self.step(k)(hidden[:, :n], self._embed(input_ids[:, k : k + n]), self._rotary, rope, visible)
             outs.append(hidden)
         return outs
@@ -249,7 +256,8 @@ class MTPDrafter(nn.Module):
             if take:
                 tokens = self._tokens[:, start + k - 1 : start + k - 1 + take]  # x_{t+k}
                 positions = torch.arange(start, start + take, device=tokens.device)[None]
-                visible = causal_visible(None, 1, take, past=start, device=tokens.device)
+                visible = self.windowed(causal_visible(None, 1, take, past=start, device=tokens.device), positions,
+                                        torch.arange(start + take, device=tokens.device)[None])
                 incoming = self.step(k)(inbox[:, :take], self._embed(tokens), self._rotary, positions, visible,
                                         cache)
                 if k == 1:
@@ -297,6 +305,8 @@ class MTPDrafter(nn.Module):
         positions = torch.tensor([position[v] for v in entries], device=tokens.device)[None]
         columns = {v: committed + i for i, v in enumerate(entries)}
         visible = tree_visible(entries, parents, columns, committed + len(entries), committed, tokens.device)
+        keys = torch.cat([torch.arange(committed, device=tokens.device)[None], positions], dim=1)
+        visible = self.windowed(visible, positions, keys)
         out = self.step(k)(hidden, self._embed(tokens[:, entries]), self._rotary, positions, visible, cache)
         previous.clear()
         previous.update({v: out[:, i] for i, v in enumerate(entries)})

@@ -6,6 +6,8 @@ interop/shipped_mtp.py):
       layer, shared_head.norm; the next step reads the layer's output before that norm.
   Qwen MTP (qwen3_next, qwen3_5, qwen3_5_moe): mtp.pre_fc_norm_embedding / pre_fc_norm_hidden, mtp.fc, mtp.layers.0
       (a full-attention layer), mtp.norm; the next step reads the normed output.
+  MiMo-V2 (mimo_v2_flash): model.mtp.layers.{i}: enorm, hnorm, eh_proj, a sliding-window layer with attention sinks
+      and a dense MLP (pre_mlp_layernorm), final_layernorm; the next step reads the normed output; vLLM runs layer 0.
 Draft step k runs module (k-1) mod count, vLLM's rule: a one-module checkpoint drafting 3 tokens runs its module 3
 times (FastMTP's recursion), and fine-tuning unrolls it the same way, step k's loss weighted step_decay^(k-1)
 (FastMTP: 0.51 / 0.31 / 0.18 for 3 steps at 0.6). The embedding and lm_head stay the target's, frozen; the drafter is
@@ -28,7 +30,8 @@ from draftheads.heads.parts.mtp_structure import MTPStructure
 MAX_DEPTH = 8
 NEXTN = ("deepseek_v3", "glm4_moe")
 QWEN = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
-FAMILIES = "DeepSeek-V3 and GLM-4.5 (NextN layers), Qwen3-Next and Qwen3.5 (mtp.*)"
+MIMO = ("mimo_v2_flash",)
+FAMILIES = "DeepSeek-V3 and GLM-4.5 (NextN layers), Qwen3-Next and Qwen3.5 (mtp.*), MiMo-V2 (model.mtp.layers)"
 
 
 @dataclass
@@ -93,17 +96,23 @@ class NativeConfig:
                                 zero_first_embedding=text_config(target_config).model_type == "deepseek_v3",
                                 layer_overrides=dense, frozen_layer=frozen, lora=lora)
         carry = True if self.normed_carry is None else self.normed_carry
+        if layout == "mimo":   # a sliding-window layer with a dense MLP: the first of the shipped ones (vLLM's)
+            shape = (("layer_types", ["sliding_attention"]), ("mlp_layer_types", ["dense"]))
+            return MTPStructure(1, embedding_first=True, own_norm=True, carry_normed=carry, layer_overrides=shape,
+                                frozen_layer=frozen, lora=lora, window=text_config(target_config).sliding_window)
         return MTPStructure(count, embedding_first=True, own_norm=True, carry_normed=carry, frozen_layer=frozen,
                             lora=lora)
 
 
 def shipped_layout(target_config) -> str:
-    """'nextn' or 'qwen': how this target family's checkpoints ship MTP layers."""
+    """'nextn', 'qwen' or 'mimo': how this target family's checkpoints ship MTP layers."""
     family = text_config(target_config).model_type
     if family in NEXTN:
         return "nextn"
     if family in QWEN:
         return "qwen"
+    if family in MIMO:
+        return "mimo"
     raise DraftheadsError(f"head.type native reads the MTP layers that {FAMILIES} checkpoints ship; a {family} target "
                           "ships none of those; use head.type mtp to train MTP modules from scratch")
 
@@ -111,6 +120,8 @@ def shipped_layout(target_config) -> str:
 def shipped_count(target_config, layout: str) -> int:
     """How many MTP modules the config says the checkpoint holds."""
     t = text_config(target_config)
+    if layout == "mimo":   # MiMo-V2 ships 3 and its config names none; vLLM runs the first (mimo_v2_mtp.py)
+        return 1
     if layout == "nextn":
         count = getattr(t, "num_nextn_predict_layers", None)
         field = "num_nextn_predict_layers"

@@ -39,7 +39,11 @@ SINGLE = "model.safetensors"
 TRANSFORMERS = "huggingface/transformers"
 # our name of each fusion part -> its name in the layout (the decoder layer's own names are kept)
 PARTS = {"nextn": {"enorm": "enorm", "hnorm": "hnorm", "proj": "eh_proj", "out_norm": "shared_head.norm"},
-         "qwen": {"enorm": "pre_fc_norm_embedding", "hnorm": "pre_fc_norm_hidden", "proj": "fc", "out_norm": "norm"}}
+         "qwen": {"enorm": "pre_fc_norm_embedding", "hnorm": "pre_fc_norm_hidden", "proj": "fc", "out_norm": "norm"},
+         "mimo": {"enorm": "enorm", "hnorm": "hnorm", "proj": "eh_proj", "out_norm": "final_layernorm"}}
+# the decoder layer's names where a checkpoint's differ from transformers' module (MiMo-V2's MTP layer, vLLM's names)
+LAYER_NAMES = {"mimo": {"post_attention_layernorm.": "pre_mlp_layernorm.",
+                        "self_attn.sinks": "self_attn.attention_sink_bias"}}
 EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 LAYOUTS = (
@@ -56,11 +60,13 @@ LAYOUTS = (
             Tensor("mtp.fc.weight", ("H", "2H")), Tensor("mtp.norm.weight", ("H",)),
         ),
         families=("deepseek_v3", "glm4_moe", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe",
-                  "qwen3_5_moe_text"),
+                  "qwen3_5_moe_text", "mimo_v2_flash"),
         read_from=(LoaderFile(VLLM, "vllm/model_executor/models/deepseek_mtp.py",
                               "03356f8cb59ba27f3d0ce8866d7516b5e32cff65"),
                    LoaderFile(VLLM, "vllm/model_executor/models/qwen3_next_mtp.py",
                               "055e47c28003156421365af985d676fc921cb075"),
+                   LoaderFile(VLLM, "vllm/model_executor/models/mimo_v2_mtp.py",
+                              "037951aa733b6aa8ef8d103040ea810f07e27137"),
                    LoaderFile(TRANSFORMERS, "src/transformers/modeling_layers.py (MtpLayer, MtpModel)", "5.24.0")),
         traps=(
             "NextN modules sit at model.layers.{num_hidden_layers + k} beside the decoder layer's own keys; their "
@@ -68,6 +74,8 @@ LAYOUTS = (
             "vLLM carries a NextN module's output to the next step before shared_head.norm, Qwen's after mtp.norm "
             "(transformers' MtpModel and ATOM carry NextN's after it too: head.normed_carry picks)",
             "vLLM zeroes the DeepSeek MTP input embedding at position 0",
+            "MiMo-V2 ships 3 MTP layers at model.mtp.layers.{0,1,2} (pre_mlp_layernorm, final_layernorm, "
+            "attention_sink_bias); vLLM runs the first for every step, and so does head.type native",
             "per-expert keys in the checkpoint, fused [E, 2I, H] / [E, H, I] tensors in transformers' layer",
         ),
     ),
@@ -115,11 +123,14 @@ def native_keys(our_keys, target_config, available: dict[str, str]) -> dict[str,
         _, module, part, rest = key.split(".", 3) if key.startswith("blocks.") else (None, None, None, None)
         if module is None:
             raise DraftheadsError(f"unexpected tensor {key} in a native MTP drafter; re-save the drafter")
-        prefix = f"model.layers.{first + int(module)}." if layout == "nextn" else "mtp."
+        prefix = {"nextn": f"model.layers.{first + int(module)}.", "qwen": "mtp.",
+                  "mimo": f"model.mtp.layers.{module}."}[layout]
         if part != "layer":
             out[key] = [f"{prefix}{PARTS[layout][part]}.{rest}"]
             continue
-        layer = prefix if layout == "nextn" else f"{prefix}layers.{module}."
+        layer = f"{prefix}layers.{module}." if layout == "qwen" else prefix
+        for ours, theirs in LAYER_NAMES.get(layout, {}).items():
+            rest = rest.replace(ours, theirs)
         out[key] = expert_keys(layer, rest, available) or [layer + rest]
     return out
 

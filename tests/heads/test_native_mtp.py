@@ -6,6 +6,7 @@ key layout, sharded, with per-expert MoE keys; the references below read them wi
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -28,7 +29,7 @@ from tests.families import family_target
 from tests.shipped_checkpoints import LAYERS, load_shipped_target, shipped_checkpoint
 from tests.test_family_matrix import P_MIN, three_token_law
 
-FAMILIES = ("deepseek_v3", "glm4_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe")
+FAMILIES = ("deepseek_v3", "glm4_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe", "mimo_v2_flash")
 NEXTN = ("deepseek_v3", "glm4_moe")
 
 
@@ -99,6 +100,47 @@ def test_a_qwen_mtp_layer_drafts_as_a_hand_built_forward(checkpoints):
     torch.testing.assert_close(step_one_logits(bound_as_shipped(target), target, ids), want, rtol=1e-4, atol=1e-4)
 
 
+@torch.no_grad()
+def test_a_mimo_mtp_layer_drafts_as_vllms_forward_written_out(checkpoints):
+    """MiMo-V2's model.mtp.layers.0, as vLLM's MiMoV2MTPLayer runs it (mimo_v2_mtp.py @ 037951a): eh_proj([enorm(emb);
+    hnorm(h)]), a pre-norm sliding-window layer with attention sinks and a dense MLP (its pre_mlp_layernorm), then
+    final_layernorm, and the target's lm_head; built from transformers' layer and norm classes and the checkpoint's
+    tensors by their keys. The 10 positions cross the fixture's window of 8."""
+    from transformers.models.mimo_v2_flash.modeling_mimo_v2_flash import MiMoV2FlashDecoderLayer, MiMoV2FlashRMSNorm
+
+    folder = checkpoints["mimo_v2_flash"]
+    target = load_shipped_target(folder)
+    files = key_files(folder)
+    prefix = "model.mtp.layers.0."
+    raw = {}
+    for key, file in files.items():
+        if key.startswith(prefix):
+            with safe_open(str(folder / file), framework="pt") as f:
+                raw[key[len(prefix):]] = f.get_tensor(key)
+    config = copy.deepcopy(target.config)
+    config.layer_types, config.mlp_layer_types = ["sliding_attention"], ["dense"]
+    layer = MiMoV2FlashDecoderLayer(config, 0)
+    renamed = {k.replace("pre_mlp_layernorm.", "post_attention_layernorm.").replace("attention_sink_bias", "sinks"): v
+               for k, v in raw.items() if not k.startswith(("enorm", "hnorm", "eh_proj", "final_layernorm"))}
+    layer.load_state_dict(renamed)
+    norms = {}
+    for name in ("enorm", "hnorm", "final_layernorm"):
+        norms[name] = MiMoV2FlashRMSNorm(config.hidden_size, config.rms_norm_eps)
+        norms[name].load_state_dict({"weight": raw[f"{name}.weight"]})
+    ids = torch.randint(3, 300, (1, 11), generator=torch.Generator().manual_seed(0))
+    h0 = target(ids, output_hidden_states=True).hidden_states[-1][:, :-1]
+    emb = target.get_input_embeddings()(ids[:, 1:])
+    fused = torch.cat([norms["enorm"](emb), norms["hnorm"](h0)], -1) @ raw["eh_proj.weight"].T
+    positions = torch.arange(10)[None]
+    rotary = target.model.rotary_emb(fused, positions, "sliding_attention")
+    q, k = positions[0][:, None], positions[0][None, :]
+    mask = torch.zeros(10, 10).masked_fill(~((k <= q) & (q - k < config.sliding_window)), float("-inf"))[None, None]
+    out = layer(fused, attention_mask=mask, position_ids=positions, position_embeddings=rotary)
+    out = out[0] if isinstance(out, tuple) else out
+    want = target.lm_head(norms["final_layernorm"](out))[0]
+    torch.testing.assert_close(step_one_logits(bound_as_shipped(target), target, ids), want, rtol=1e-4, atol=1e-4)
+
+
 def bound_as_shipped(target, **settings):
     return shipped_drafter(target, head_config({"type": "native", **settings}))
 
@@ -148,7 +190,7 @@ def tensors_of(folder) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_next", "qwen3_5_moe"])
+@pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_next", "qwen3_5_moe", "mimo_v2_flash"])
 def test_put_back_rewrites_only_the_drafter_shards_and_never_the_original(family, checkpoints, tmp_path):
     """Unchanged, the drafter put back gives every tensor bit for bit; changed, exactly its tensors change, in the
     checkpoint's dtype and per-expert layout; untouched shards are hard links; the original's bytes never change."""
@@ -168,7 +210,8 @@ def test_put_back_rewrites_only_the_drafter_shards_and_never_the_original(family
     record = json.loads((out / "draftheads_export.json").read_text())
     written = tensors_of(out)
     changed = {k for k in original if not torch.equal(original[k], written[k])}
-    mtp = {k for k in original if k.startswith("mtp.") or k.startswith(f"model.layers.{LAYERS}.")}
+    # the drafter's tensors: MiMo-V2's first MTP layer only (vLLM runs it alone); its layers 1 and 2 stay as shipped
+    mtp = {k for k in original if k.startswith(("mtp.", f"model.layers.{LAYERS}.", "model.mtp.layers.0."))}
     frozen = {k for k in mtp if k.endswith(("shared_head.head.weight", "embed_tokens.weight"))}
     assert changed == mtp - frozen and len(changed) == record["tensors_written"]
     assert all(written[k].dtype == original[k].dtype for k in original)

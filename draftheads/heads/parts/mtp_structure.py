@@ -23,6 +23,8 @@ class MTPStructure:
     frozen_layer: bool = False            # only the fusion (norms, projection) trains; the decoder layer stays
     lora: tuple[int, float, tuple[str, ...]] | None = None   # (rank, alpha, module names): LoRA on the decoder layer's
     #                                       linear modules (peft), the layer's own weights frozen
+    window: int | None = None             # a sliding-window layer (MiMo-V2's): a key at position k is seen by a query
+    #                                       at q only while q - k < window, as transformers' sliding masks
 
     def module_of(self, step: int) -> int:
         """The module (0-based) draft step `step` (1-based) runs."""
