@@ -293,6 +293,7 @@ def test_the_one_loop_fine_tunes_a_shipped_drafter(family, train_only, checkpoin
     assert again.config.type == "native" and again.config.train_only == train_only
 
 
+@pytest.mark.slow   # a second virtual environment's loader, as tests/engines' engine runs
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "qwen3_5_moe"])
 def test_speculators_own_loader_reads_a_fine_tuned_qwen_mtp_export(family, checkpoints, tmp_path):
     """speculators 0.9.0's MTPDraftModel.from_pretrained (the second virtual environment) loads the export: every
