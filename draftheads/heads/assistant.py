@@ -33,7 +33,8 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims, text_config
 from draftheads.core.target_family import FULL, SLIDING, kv_feature
 from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
-from draftheads.heads.parts.common import DepthMetrics, batch_features, bind_frozen, masked_ce, mean_loss, shift_mask
+from draftheads.heads.parts.common import (DepthMetrics, batch_features, bind_frozen, check_step_weights, masked_ce,
+                                           mean_loss, shift_mask, step_loss_weights)
 from draftheads.heads.parts.draft_tree import Sampling, draft_dynamic, draft_static
 from draftheads.heads.parts.draft_vocab import vocabulary
 from draftheads.heads.parts.files import WeightsOnly
@@ -61,13 +62,7 @@ class AssistantConfig:
     init_from: str | None = doc(None, "start from a drafter saved by an earlier fine-tune instead of head.source's")
 
     def __post_init__(self):
-        check(1 <= self.depth <= MAX_DEPTH, f"head.depth must be between 1 and {MAX_DEPTH}, got {self.depth}")
-        check(0 < self.step_decay <= 1, f"head.step_decay must be in (0, 1], got {self.step_decay}")
-        if self.step_weights is not None:
-            check(len(self.step_weights) == self.depth,
-                  f"head.step_weights has {len(self.step_weights)} entries but head.depth is {self.depth}")
-            check(all(w >= 0 for w in self.step_weights) and sum(self.step_weights) > 0,
-                  "head.step_weights must be >= 0 and not all 0")
+        check_step_weights(self, MAX_DEPTH)
         check(self.source or self.assistant_config or self.init_from,
               "head.source: name the assistant folder or hub id shipped beside the Gemma 4 target (e.g. "
               "google/gemma-4-e2b-it-assistant)")
@@ -89,9 +84,7 @@ class AssistantConfig:
             raise DraftheadsError(f"head.source '{self.source}' holds a {self.assistant_config.get('model_type')} "
                                   "model, not a Gemma 4 assistant (model_type gemma4_assistant)")
 
-    def step_loss_weights(self) -> list[float]:
-        weights = self.step_weights or [self.step_decay ** k for k in range(self.depth)]
-        return [w / sum(weights) for w in weights]
+    step_loss_weights = step_loss_weights   # heads/parts/common.py, shared with native MTP layers
 
 
 def assistant_model(config: AssistantConfig) -> Gemma4AssistantForCausalLM:

@@ -24,6 +24,7 @@ from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import text_config
 from draftheads.core.tree import parse_tree
+from draftheads.heads.parts.common import check_step_weights, step_loss_weights
 from draftheads.heads.parts.draft_vocab import check_draft_vocab
 from draftheads.heads.parts.mtp_structure import MTPStructure
 
@@ -62,13 +63,7 @@ class NativeConfig:
     init_from: str | None = doc(None, "start from a drafter saved by an earlier fine-tune instead of the shipped one")
 
     def __post_init__(self):
-        check(1 <= self.depth <= MAX_DEPTH, f"head.depth must be between 1 and {MAX_DEPTH}, got {self.depth}")
-        check(0 < self.step_decay <= 1, f"head.step_decay must be in (0, 1], got {self.step_decay}")
-        if self.step_weights is not None:
-            check(len(self.step_weights) == self.depth,
-                  f"head.step_weights has {len(self.step_weights)} entries but head.depth is {self.depth}")
-            check(all(w >= 0 for w in self.step_weights) and sum(self.step_weights) > 0,
-                  "head.step_weights must be >= 0 and not all 0")
+        check_step_weights(self, MAX_DEPTH)
         check(self.draft_vocab_size is None or self.draft_vocab_size > 0, "head.draft_vocab_size must be positive")
         check(self.lora_r >= 1 and self.lora_alpha > 0, f"head.lora_r must be >= 1 and head.lora_alpha > 0, got "
                                                         f"{self.lora_r} and {self.lora_alpha}")
@@ -77,10 +72,7 @@ class NativeConfig:
     def resolve(self, num_layers: int, vocab_size: int) -> None:
         check_draft_vocab(self.draft_vocab_size, vocab_size)
 
-    def step_loss_weights(self) -> list[float]:
-        """Each step's loss weight: step_weights, or step_decay^(k-1); normalised to sum 1."""
-        weights = self.step_weights or [self.step_decay ** k for k in range(self.depth)]
-        return [w / sum(weights) for w in weights]
+    step_loss_weights = step_loss_weights   # heads/parts/common.py, shared with the Gemma 4 assistant
 
     def structure(self, target_config) -> MTPStructure:
         """The shipped layout of this target's family and its module count (refused in one line where it ships

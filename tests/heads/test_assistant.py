@@ -22,10 +22,9 @@ from draftheads.heads.factory import bound_drafter, head_config
 from draftheads.interop.assistant_folder import shipped_assistant
 from draftheads.interop.export import export_drafter
 from draftheads.interop.native import save_drafter
-from tests.decoding.test_strict import chi2_pvalue
 from tests.families import family_target
 from tests.fixtures import make_tokenizer, shipped_assistant_folder
-from tests.test_family_matrix import P_MIN, three_token_law
+from tests.test_family_matrix import P_MIN, strict_pvalue
 
 PROMPT = torch.tensor([5, 17, 42, 9, 77, 31, 8, 120])
 
@@ -84,17 +83,7 @@ def test_strict_sampling_with_an_assistant_keeps_the_target_distribution(target,
     """(y1, y2, y3) under strict acceptance, T 0.8, top-k 3, top-p 0.95, against plain sampling's exact law; 600
     runs (tests/test_family_matrix.py's check)."""
     drafter = as_shipped(target, folder).eval()
-    warp = dict(temperature=0.8, top_k=3, top_p=0.95)
-    seen = []
-    for start in range(0, 600, 200):
-        out = speculative_generate(target, drafter, [PROMPT] * 200, 3, seed=list(range(start, start + 200)),
-                                   accept="strict", tree=Tree.chain(2), eos_token_id=[], **warp)
-        seen += [tuple(t) for t in out.tokens.tolist()]
-    law = three_token_law(target, PROMPT, **warp)
-    cells = list(law)
-    counts = torch.tensor([seen.count(c) for c in cells] + [sum(t not in law for t in seen)], dtype=torch.float64)
-    probs = torch.tensor([law[c] for c in cells] + [0.0], dtype=torch.float64)
-    assert chi2_pvalue(counts, probs) > P_MIN
+    assert strict_pvalue(target, drafter, PROMPT, 200) > P_MIN
 
 
 def digests(folder) -> dict:

@@ -24,10 +24,9 @@ from draftheads.heads.factory import bound_drafter, head_config
 from draftheads.interop.export import export_drafter
 from draftheads.interop.native import save_drafter
 from draftheads.interop.shipped_mtp import key_files, shipped_drafter
-from tests.decoding.test_strict import chi2_pvalue
 from tests.families import family_target
 from tests.shipped_checkpoints import LAYERS, load_shipped_target, shipped_checkpoint
-from tests.test_family_matrix import P_MIN, three_token_law
+from tests.test_family_matrix import P_MIN, strict_pvalue
 
 FAMILIES = ("deepseek_v3", "glm4_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe", "mimo_v2_flash")
 NEXTN = ("deepseek_v3", "glm4_moe")
@@ -163,19 +162,8 @@ def test_strict_sampling_with_a_shipped_drafter_keeps_the_target_distribution(fa
     against the exact law of plain sampling; 600 runs."""
     target = load_shipped_target(checkpoints[family])
     drafter = bound_as_shipped(target, depth=2)
-    prompt = torch.tensor([5, 17, 42, 9, 77, 31])
-    warp = dict(temperature=0.8, top_k=3, top_p=0.95)
     rows = 1 if family == "qwen3_5" else 200   # a recurrent target decodes one row at a time
-    seen = []
-    for start in range(0, 600, rows):
-        out = speculative_generate(target, drafter, [prompt] * rows, 3, seed=list(range(start, start + rows)),
-                                   accept="strict", tree=Tree.chain(2), eos_token_id=[], **warp)
-        seen += [tuple(t) for t in out.tokens.tolist()]
-    law = three_token_law(target, prompt, **warp)
-    cells = list(law)
-    counts = torch.tensor([seen.count(c) for c in cells] + [sum(t not in law for t in seen)], dtype=torch.float64)
-    probs = torch.tensor([law[c] for c in cells] + [0.0], dtype=torch.float64)
-    assert chi2_pvalue(counts, probs) > P_MIN
+    assert strict_pvalue(target, drafter, torch.tensor([5, 17, 42, 9, 77, 31]), rows) > P_MIN
 
 
 def digests(folder) -> dict[str, str]:

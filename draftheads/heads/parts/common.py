@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+from draftheads.core.config import check
 from draftheads.core.errors import DraftheadsError
 from draftheads.heads.parts.draft_vocab import FULL, IGNORE
 
@@ -166,3 +167,22 @@ def batch_features(batch: dict, dtype: torch.dtype) -> torch.Tensor:
     if "features" not in batch:
         raise DraftheadsError("this drafter trains on the target's features; the batch has no 'features'")
     return batch["features"].to(dtype)
+
+
+# ---- per-step loss weights of the drafters that unroll a shipped module (native MTP, Gemma 4 assistants) -----------
+
+def check_step_weights(config, max_depth: int) -> None:
+    """head.depth, head.step_decay and head.step_weights, checked where a config unrolls `depth` steps."""
+    check(1 <= config.depth <= max_depth, f"head.depth must be between 1 and {max_depth}, got {config.depth}")
+    check(0 < config.step_decay <= 1, f"head.step_decay must be in (0, 1], got {config.step_decay}")
+    if config.step_weights is not None:
+        check(len(config.step_weights) == config.depth,
+              f"head.step_weights has {len(config.step_weights)} entries but head.depth is {config.depth}")
+        check(all(w >= 0 for w in config.step_weights) and sum(config.step_weights) > 0,
+              "head.step_weights must be >= 0 and not all 0")
+
+
+def step_loss_weights(config) -> list[float]:
+    """Each step's loss weight: head.step_weights, or step_decay^(k-1) (FastMTP); normalised to sum 1."""
+    weights = config.step_weights or [config.step_decay ** k for k in range(config.depth)]
+    return [w / sum(weights) for w in weights]
