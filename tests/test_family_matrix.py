@@ -40,6 +40,7 @@ KINDS = {
     "mtp": {"depth": 2},
     "dflash": {"block_size": 4},
     "peagle": {"depths": 3, "draft_vocab_size": 128},
+    "dspark": {"block_size": 3, "markov_rank": 8},
 }
 CHAIN = Tree.chain(2)
 TREE = Tree.from_paths([(0,), (1,), (0, 0), (1, 0)])

@@ -131,7 +131,7 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = Qwen3RMSNorm(hidden, eps=layer_config.rms_norm_eps)
         self.norm = Qwen3RMSNorm(hidden, eps=layer_config.rms_norm_eps)
         # the target's hidden_states[l + 1] is the output of layer l; KD also reads the last one (the lm_head input)
-        last = (-1,) if config.loss == "kd" else ()
+        last = (-1,) if self.reads_target_output() else ()
         self.feature_layers = tuple(layer + 1 for layer in config.target_layers) + last
         self.vocab = vocabulary(self, config.draft_vocab_size, dims.vocab_size)
         self.default_tree = parse_tree(config.default_tree)
@@ -140,6 +140,10 @@ class DFlashDrafter(nn.Module):
         self.reset()
 
     from_target = classmethod(new_for_target)  # the protocol's one-liners: heads/parts/protocol.py
+
+    def reads_target_output(self) -> bool:
+        """Whether training reads the target's last hidden state too (its distributions: KD)."""
+        return self.config.loss == "kd"
 
     def bind(self, target) -> "DFlashDrafter":
         """Share the target's frozen embedding, lm_head and rotary embedding (never trained or saved)."""
@@ -173,12 +177,16 @@ class DFlashDrafter(nn.Module):
 
     def run_block(self, pending: torch.Tensor, start: int, context_kv: list) -> torch.Tensor:
         """One drafting forward: [pending, M, ..., M] at start.. after the cached context -> slots 1.. [b, B-1, H]."""
+        return self.block_output(pending, start, context_kv)[:, 1:]
+
+    def block_output(self, pending: torch.Tensor, start: int, context_kv: list) -> torch.Tensor:
+        """[pending, M, ..., M] at start.. after the cached context -> every slot's output [b, B, H]."""
         b, block = pending.shape[0], self.config.block_size
         tokens = torch.full((b, block), self.config.mask_token_id, dtype=torch.long, device=pending.device)
         tokens[:, 0] = pending
         positions = torch.arange(start, start + block, device=pending.device)[None].expand(b, -1)
         visible = torch.ones(b, block, context_kv[0][0].shape[2] + block, dtype=torch.bool, device=pending.device)
-        return self.run_layers(tokens, positions, context_kv, visible)[:, 1:]
+        return self.run_layers(tokens, positions, context_kv, visible)
 
     def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
         """Output [..., H] -> fp32 logits through the target's lm_head: [..., V], or [..., Vd] (its rows for the
@@ -208,6 +216,14 @@ class DFlashDrafter(nn.Module):
 
     def training_loss(self, batch: dict) -> tuple[torch.Tensor, dict]:
         """Every anchored block of the batch in one forward (heads/parts/block_training.py)."""
+        features, anchor, valid, out = self.anchored_blocks(batch)
+        labels, counted = block_labels(batch, anchor, valid, self.config.block_size)
+        final = features[..., -self.hidden_size:] if self.config.loss == "kd" else None
+        return block_loss(self, out, anchor, labels, counted, final)
+
+    def anchored_blocks(self, batch: dict):
+        """(features [b, s, F], anchor [b, A], valid [b, A], out [b, A, B, H]): up to `anchors` blocks per row, drawn
+        at random, run in one forward, each seeing the context before its anchor and itself."""
         features = batch_features(batch, self.dtype)
         block = self.config.block_size
         anchor, valid = sample_anchors(batch, self.config.anchors, self.training)
@@ -219,9 +235,7 @@ class DFlashDrafter(nn.Module):
         context_kv = self.context_kv(self.context(features), context_positions)
         visible = block_visible(batch, anchor, valid, block)
         out = self.run_layers(tokens.view(b, -1), positions.view(b, -1), context_kv, visible)
-        labels, counted = block_labels(batch, anchor, valid, block)
-        final = features[..., -self.hidden_size:] if self.config.loss == "kd" else None
-        return block_loss(self, out.view(b, count, block, -1), anchor, labels, counted, final)
+        return features, anchor, valid, out.view(b, count, block, -1)
 
     param_groups = one_param_group
 

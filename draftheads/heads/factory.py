@@ -5,7 +5,7 @@
     drafter = new_drafter(config, target.config)               # resolved, unbound: shapes only (export checks)
 
 A head's `type` picks its config class and its module (`KINDS`): medusa, medusa2, eagle (EAGLE-1/2), eagle3, mtp,
-dflash and peagle (block-parallel), native (the MTP layers a checkpoint ships) and assistant (Gemma 4's assistant
+dflash, dspark and peagle (block-parallel), native (the MTP layers a checkpoint ships) and assistant (Gemma 4's assistant
 drafters).
 """
 
@@ -24,6 +24,7 @@ from draftheads.core.target_family import recurrent_layers
 from draftheads.core.tree import Tree, parse_tree
 from draftheads.heads.assistant import AssistantConfig, AssistantDrafter
 from draftheads.heads.dflash import DFlashConfig, DFlashDrafter
+from draftheads.heads.dspark import DSparkConfig, DSparkDrafter
 from draftheads.heads.eagle import EagleConfig, EagleDrafter
 from draftheads.heads.eagle3 import Eagle3Config, Eagle3Drafter
 from draftheads.heads.medusa import MedusaConfig, MedusaDrafter
@@ -35,11 +36,12 @@ from draftheads.heads.peagle import PEagleConfig, PEagleDrafter
 
 KINDS = {"medusa": (MedusaConfig, MedusaDrafter), "medusa2": (Medusa2Config, Medusa2Drafter),
          "eagle": (EagleConfig, EagleDrafter), "eagle3": (Eagle3Config, Eagle3Drafter), "mtp": (MTPConfig, MTPDrafter),
-         "dflash": (DFlashConfig, DFlashDrafter), "peagle": (PEagleConfig, PEagleDrafter),
+         "dflash": (DFlashConfig, DFlashDrafter), "dspark": (DSparkConfig, DSparkDrafter),
+         "peagle": (PEagleConfig, PEagleDrafter),
          "native": (NativeConfig, MTPDrafter),   # a checkpoint's own MTP layers: MTP modules of its structure
          "assistant": (AssistantConfig, AssistantDrafter)}
-HeadConfig = (MedusaConfig | Medusa2Config | EagleConfig | Eagle3Config | MTPConfig | DFlashConfig | PEagleConfig
-              | NativeConfig | AssistantConfig)
+HeadConfig = (MedusaConfig | Medusa2Config | EagleConfig | Eagle3Config | MTPConfig | DFlashConfig | DSparkConfig
+              | PEagleConfig | NativeConfig | AssistantConfig)
 
 # Before EAGLE-3 and Medusa-2 were kinds of their own they were flags of EAGLE's and Medusa's configs; a head
 # written that way (an older recipe or drafter folder) is read as its kind. Settings the kind does not have (the
@@ -47,8 +49,8 @@ HeadConfig = (MedusaConfig | Medusa2Config | EagleConfig | Eagle3Config | MTPCon
 FLAGS = {("eagle", "eagle3"): "eagle3", ("medusa", "medusa2"): "medusa2"}
 OTHER_VARIANT = {"eagle": ("feature_layers", "draft_layer"), "eagle3": ("feature_loss_weight", "token_loss_weight"),
                  "medusa": ("medusa2_loss", "medusa2_head_weight", "lora_r", "lora_alpha", "lora_dropout",
-                            "lora_target_modules"), "medusa2": (), "dflash": (), "peagle": (), "native": (),
-                 "assistant": ()}
+                            "lora_target_modules"), "medusa2": (), "dflash": (), "dspark": (), "peagle": (),
+                 "native": (), "assistant": ()}
 RENAMED = {"medusa2_loss": "target_loss", "medusa2_head_weight": "heads_weight"}
 
 

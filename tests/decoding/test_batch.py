@@ -33,6 +33,7 @@ KINDS = {
     "mtp": lambda model: draftheads.build_drafter("mtp", model, depth=3),
     "dflash": lambda model: draftheads.build_drafter("dflash", model, block_size=4),
     "peagle": lambda model: draftheads.build_drafter("peagle", model, depths=3, draft_vocab_size=128),
+    "dspark": lambda model: draftheads.build_drafter("dspark", model, block_size=3, markov_rank=8),
     "lookup": lambda model: PromptLookupDrafter(),
     "suffix": lambda model: SuffixDrafter(),
     "combined": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model)),

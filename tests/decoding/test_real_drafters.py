@@ -22,6 +22,8 @@ VARIANTS = {
     "dflash": ("dflash", {"block_size": 4}),
     "dflash-vocab": ("dflash", {"num_layers": 2, "draft_vocab_size": 128}),
     "peagle": ("peagle", {"depths": 3, "draft_vocab_size": 128}),
+    "dspark": ("dspark", {"block_size": 3, "markov_rank": 8}),
+    "dspark-vocab": ("dspark", {"num_layers": 2, "draft_vocab_size": 128, "markov_rank": 8}),
 }
 TREES = {"chain": "chain:2", "tree": [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)], "default": None}
 

@@ -312,20 +312,36 @@ def two_token_law(model, prompt: torch.Tensor, temperature, top_k, top_p) -> tor
     return first[:, None] * second
 
 
-def block_drafter(model, kind: str = "dflash", tree: str = "static:[(0,), (1,), (0, 0)]"):
-    """A random DFlash or P-EAGLE drafter for the small target: every depth drafted at once from per-slot q (a
-    dynamic tree: the best nodes over per-slot draws, point masses)."""
+def block_drafter(model, kind: str = "dflash", tree: str = "static:[(0,), (1,), (0, 0)]", **settings):
+    """A random DFlash, DSpark or P-EAGLE drafter for the small target: every depth drafted at once from per-slot q
+    (DSpark: each node's children from its slot's q given the node's own token; a dynamic tree: the best nodes over
+    per-slot draws, point masses)."""
     import draftheads
     from tests.heads.batches import perturb
 
     torch.manual_seed(2)
-    size = {"block_size": 3} if kind == "dflash" else {"depths": 2}
-    drafter = draftheads.build_drafter(kind, model, **size, default_tree=tree)
+    size = {"dflash": {"block_size": 3}, "dspark": {"block_size": 2, "markov_rank": 4}}.get(kind, {"depths": 2})
+    drafter = draftheads.build_drafter(kind, model, **size, **settings, default_tree=tree)
     perturb(drafter, scale=0.3)
+    if kind == "dspark":
+        with torch.no_grad():  # a Markov bias as wide as the slot logits, so drafts depend on the token before them
+            drafter.markov_head.markov_w2.weight.mul_(30.0)
     return drafter.eval()
 
 
-@pytest.mark.parametrize("kind", ["random", "dflash", "dflash-dynamic", "peagle", "suffix"])
+def scheduled_dspark(model):
+    """A random DSpark drafter verifying a chain of 2 only as far as its confidences pay for: with these costs a
+    draft is kept while its confidence c0 beats 1/2 (the second while c0 c1 beats (1 + c0) / 3), which the random
+    confidence head makes depend on the token drafted before it."""
+    from draftheads.heads.parts.dspark_drafting import VerifyCosts
+
+    drafter = block_drafter(model, "dspark", "chain:2", verify="scheduled")
+    drafter.set_verify_costs(VerifyCosts(draft_s=0.0, verify_s=(1.0, 1.5, 2.0)))
+    return drafter
+
+
+@pytest.mark.parametrize("kind", ["random", "dflash", "dflash-dynamic", "peagle", "suffix", "dspark",
+                                  pytest.param("dspark-dynamic", marks=pytest.mark.slow), "dspark-scheduled"])
 def test_real_loop_two_token_joint_matches_plain_sampling(kind, temperature=0.8, top_k=6, top_p=0.9):
     """speculative_generate with a deliberately poor drafter (q unrelated to the target, children sampled from it;
     or an untrained block drafter, whose per-slot q serves every node of a depth; or suffix decoding, whose drafts
@@ -338,7 +354,9 @@ def test_real_loop_two_token_joint_matches_plain_sampling(kind, temperature=0.8,
     model, prompt, runs = small_target(layers=3 if kind == "peagle" else 1), torch.tensor([[2, 5, 7, 3, 9]]), 1200
     tree = Tree.from_paths([(0,), (1,), (0, 0)])
     drafters = {"random": lambda: RandomDrafter(16, sampled=True, tree=tree), "suffix": lambda: SuffixDrafter(),
-                "dflash-dynamic": lambda: block_drafter(model, "dflash", "dynamic:2,2,3")}
+                "dflash-dynamic": lambda: block_drafter(model, "dflash", "dynamic:2,2,3"),
+                "dspark-dynamic": lambda: block_drafter(model, "dspark", "dynamic:2,2,3"),
+                "dspark-scheduled": lambda: scheduled_dspark(model)}
     drafter = drafters[kind]() if kind in drafters else block_drafter(model, kind)
     counts = torch.zeros(16 * 16)
     accepted = 0
@@ -413,7 +431,8 @@ def test_trees_with_gaps_in_sibling_ranks_are_drafted_gap_free():
 
 
 @pytest.mark.parametrize("kind, cfg", [("medusa", {"num_heads": 2}), ("eagle", {}), ("mtp", {"depth": 2}),
-                                       ("dflash", {"block_size": 3}), ("peagle", {"depths": 2})])
+                                       ("dflash", {"block_size": 3}), ("peagle", {"depths": 2}),
+                                       ("dspark", {"block_size": 2, "markov_rank": 8})])
 def test_every_drafter_drafts_a_gapped_tree_gap_free_when_sampling(kind, cfg):
     import draftheads
     from tests.fixtures import make_target

@@ -22,6 +22,8 @@ VARIANTS = [
     ("dflash", "dflash", {"block_size": 4, "draft_vocab_size": 128}, 3),
     ("dflash-kd", "dflash", {"block_size": 3, "num_layers": 2, "loss": "kd"}, 2),
     ("peagle", "peagle", {"depths": 3, "draft_vocab_size": 128}, 3),
+    ("dspark", "dspark", {"block_size": 3, "draft_vocab_size": 128, "markov_rank": 8}, 3),
+    ("dspark-bare", "dspark", {"block_size": 2, "markov_rank": 0, "confidence": False}, 2),
 ]
 CASES = [pytest.param(kind, cfg, depths, id=name) for name, kind, cfg, depths in VARIANTS]
 

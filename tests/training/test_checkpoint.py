@@ -26,6 +26,7 @@ HEADS = {
     "mtp": {"type": "mtp", "depth": 2},
     "dflash": {"type": "dflash", "block_size": 4},  # anchors drawn from the global RNG each step
     "peagle": {"type": "peagle", "depths": 3},  # COD slots drawn from the global RNG each step
+    "dspark": {"type": "dspark", "block_size": 3, "markov_rank": 8},  # anchors as DFlash's
 }
 
 

@@ -93,6 +93,7 @@ OFFLINE_HEADS = {
     "mtp": {"type": "mtp", "depth": 2},
     "dflash": {"type": "dflash", "block_size": 4, "num_layers": 2},
     "peagle": {"type": "peagle", "depths": 3, "draft_vocab_size": 128},
+    "dspark": {"type": "dspark", "block_size": 3, "markov_rank": 8},
 }
 
 

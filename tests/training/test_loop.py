@@ -37,6 +37,7 @@ HEADS = {
     "dflash": {"type": "dflash", "block_size": 4, "draft_vocab_size": 128},
     "dflash-kd": {"type": "dflash", "block_size": 3, "loss": "kd"},
     "peagle": {"type": "peagle", "depths": 3, "draft_vocab_size": 128},
+    "dspark": {"type": "dspark", "block_size": 3, "draft_vocab_size": 128, "markov_rank": 8},
 }
 
 

@@ -16,7 +16,8 @@ from tests.training.test_loop import HEADS
 from tests.training.train_helpers import Crash, crash_at, max_weight_diff, tiny_recipe
 
 # every slot of a block / every anchor of every depth, so that no random draw depends on how rows are laid out
-DETERMINISTIC = {"dflash": {"anchors": 64}, "dflash-kd": {"anchors": 64}, "peagle": {"cod_ratio": 1.0}}
+DETERMINISTIC = {"dflash": {"anchors": 64}, "dflash-kd": {"anchors": 64}, "peagle": {"cod_ratio": 1.0},
+                 "dspark": {"anchors": 64}}
 
 
 def test_first_fit_decreasing_by_hand():

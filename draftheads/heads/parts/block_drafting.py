@@ -19,6 +19,7 @@ the point-mass rule stays exact however the nodes were chosen.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 import torch
 
@@ -72,7 +73,8 @@ def tree_from_slots(tree: Tree | DynamicTreeSpec, root_token: torch.Tensor, slot
         return slots[:, [node_depth(parents, node) for node in nodes]]
 
     if isinstance(tree, DynamicTreeSpec):
-        forest = best_first(tree, single_root(root_token), slots[0, : tree.depth], sampling, vocab)
+        forest = best_first(tree, single_root(root_token), depth_candidates(slots[0, : tree.depth], tree.top_k,
+                                                                            sampling, vocab))
         tree, tokens = forest_to_tree(forest, list(range(1, len(forest.parents))))
         tokens, q = tokens.to(root_token.device), None
     else:
@@ -81,23 +83,36 @@ def tree_from_slots(tree: Tree | DynamicTreeSpec, root_token: torch.Tensor, slot
     return Proposal(tree, tokens, q)
 
 
-def best_first(spec: DynamicTreeSpec, root: int, slots: torch.Tensor, sampling: Sampling, vocab) -> Forest:
-    """The best `spec.total_tokens` nodes over per-depth logits slots [D, V(d)], each depth's candidates its top_k
-    (or top_k draws, ranked by probability), found best-first: popping a node offers its first child and its next
-    sibling, neither scoring above it, so nodes leave the heap in score order and every kept node's parent and
-    elder siblings are kept before it."""
-    probs = child_distribution(slots, sampling, spec.top_k)  # [D, V(d)]
-    picked = choose_children(probs, spec.top_k, sampling)  # [D, K]
+def depth_candidates(slots: torch.Tensor, top_k: int, sampling: Sampling, vocab):
+    """candidates(depth, token) for best_first when a node's children depend on its depth alone: each depth's top_k
+    (or top_k draws) over per-depth logits slots [D, V(d)], ranked by log-probability, found once per depth."""
+    probs = child_distribution(slots, sampling, top_k)  # [D, V(d)]
+    picked = choose_children(probs, top_k, sampling)  # [D, K]
     logp, order = probs.gather(-1, picked).log().sort(-1, descending=True)
     logp, tokens = logp.tolist(), vocab.to_target(picked.gather(-1, order)).tolist()
+    return lambda depth, token: (logp[depth], tokens[depth])
+
+
+Candidates = Callable[[int, int], tuple[list[float], list[int]]]
+
+
+def best_first(spec: DynamicTreeSpec, root: int, candidates: Candidates) -> Forest:
+    """The best `spec.total_tokens` nodes of depth <= spec.depth, found best-first. `candidates(depth, token)` gives
+    the children of a node at `depth` whose token is `token` (log-probabilities in decreasing order, their tokens);
+    it is asked once per kept node that may have children. Popping a node offers its first child and its next
+    sibling, neither scoring above it, so nodes leave the heap in score order and every kept node's parent and elder
+    siblings are kept before it."""
     forest = Forest(tokens=[root])
-    heap = [(-logp[0][0], 0, 0, 0)]  # (-score, parent node, depth - 1, rank)
+    children = {0: candidates(0, root)}
+    heap = [(-children[0][0][0], 0, 0)]  # (-score, parent node, rank among its children)
     while heap and len(forest.parents) <= spec.total_tokens:
-        negative, parent, level, rank = heapq.heappop(heap)
-        forest.add(parent, tokens[level][rank], -negative)
+        negative, parent, rank = heapq.heappop(heap)
+        logp, tokens = children[parent]
+        forest.add(parent, tokens[rank], -negative)
         node = len(forest.parents) - 1
-        if level + 1 < len(logp):
-            heapq.heappush(heap, (negative - logp[level + 1][0], node, level + 1, 0))
-        if rank + 1 < len(logp[level]):
-            heapq.heappush(heap, (-(forest.scores[parent] + logp[level][rank + 1]), parent, level, rank + 1))
+        if forest.depths[node] < spec.depth:
+            children[node] = candidates(forest.depths[node], tokens[rank])
+            heapq.heappush(heap, (negative - children[node][0][0], node, 0))
+        if rank + 1 < len(logp):
+            heapq.heappush(heap, (-(forest.scores[parent] + logp[rank + 1]), parent, rank + 1))
     return forest

@@ -1,0 +1,122 @@
+"""Drafting with DSpark: one backbone forward for the block, then the Markov head left to right.
+
+The backbone's slot d gives every node at depth d the same base logits; the Markov head adds a bias conditioned on
+the node's own token, so a node's children come from base_d + bias(node's token). In a chain that is DeepSpec's
+left-to-right sampling; in a static tree each node's children are drawn from (or are the top-k of) exactly that
+distribution, given as the node's q, so the strict rule stays exact (heads/parts/draft_tree.draft_static). A dynamic
+tree `dynamic:K,D,N` is DDTree's best-first search with each node's candidates computed when the node is kept (the
+candidates depend on the node's token, not only its depth).
+
+Confidence-scheduled verification (`head.verify: scheduled`, costs given by `set_verify_costs`): a drafted chain is
+cut where one more draft stops paying. With P_j the product of the confidences up to slot j (the chance that drafts
+0..j are all accepted), verifying L drafts commits 1 + Σ_{j<L} P_j tokens on average and costs draft + verify(L + 1)
+seconds; draft j is kept while
+
+    (E + P_j) / (draft + verify(j + 2)) > E / (draft + verify(j + 1)),      E = 1 + Σ_{i<j} P_i
+
+and the chain ends at the first draft that fails it. Draft j's confidence reads the token before it (x_j) and the
+slot's hidden state, never x_{j+1}: whether x_{j+1} is verified is decided before it is drawn, a stopping time of the
+drafted chain, so the strict rule with q stays exact (tests/decoding/test_strict.py measures it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from draftheads.core.drafter import Proposal
+from draftheads.core.errors import DraftheadsError
+from draftheads.core.tree import DynamicTreeSpec, Tree
+from draftheads.heads.parts.block_drafting import BlockDrafting, best_first
+from draftheads.heads.parts.draft_tree import (Sampling, child_distribution, choose_children, draft_static,
+                                               forest_to_tree, single_root)
+
+
+@dataclass(frozen=True)
+class VerifyCosts:
+    """Seconds of the draft pass and of a verify forward of n tokens, verify_s[n - 1] for n = 1..len(verify_s)."""
+
+    draft_s: float
+    verify_s: tuple[float, ...]
+
+    def __post_init__(self):
+        if self.draft_s < 0 or not self.verify_s or min(self.verify_s) <= 0:
+            raise DraftheadsError(f"verify costs must be positive seconds, got {self}")
+
+    def verify(self, tokens: int) -> float:
+        return self.verify_s[min(tokens, len(self.verify_s)) - 1]
+
+
+def scheduled_length(confidence: list[float], costs: VerifyCosts) -> int:
+    """How many of a chain's drafts to verify, given each draft's acceptance confidence (conditional on the drafts
+    before it being accepted): the first draft whose expected tokens no longer pay for its verify time ends it."""
+    expected, reach = 1.0, 1.0
+    for j, c in enumerate(confidence):
+        reach *= c
+        now = expected / (costs.draft_s + costs.verify(j + 1))
+        if (expected + reach) / (costs.draft_s + costs.verify(j + 2)) <= now:
+            return j
+        expected += reach
+    return len(confidence)
+
+
+class DSparkDrafting(BlockDrafting):
+    """BlockDrafting's state (the context's keys and values, the pending token), drafting with the Markov head."""
+
+    @torch.no_grad()
+    def propose(self, model, tree: Tree | DynamicTreeSpec, sampling: Sampling) -> Proposal:
+        if self.root_token is None:
+            raise DraftheadsError("DSpark propose() called before observe(); feed the prompt's features first")
+        limit = model.config.block_size
+        if tree.depth > limit:
+            raise DraftheadsError(f"tree depth {tree.depth} exceeds what a DSpark block of {limit} drafts; use a "
+                                  f"tree of depth <= {limit} or train a larger head.block_size")
+        hidden = model.run_block(self.root_token, self.committed, self.context)  # [b, B, H]
+        base = model.draft_logits(hidden)  # [b, B, C]
+        if isinstance(tree, DynamicTreeSpec):
+            forest = best_first(tree, single_root(self.root_token), markov_candidates(model, base[0], tree.top_k,
+                                                                                    sampling))
+            tree, tokens = forest_to_tree(forest, list(range(1, len(forest.parents))))
+            return Proposal(tree, tokens.to(self.root_token.device), None)
+
+        def expand(nodes: list[int], parents: list[int], tokens: torch.Tensor) -> torch.Tensor:
+            return model.markov_logits(base[:, node_depths(parents, nodes)], tokens[:, nodes])
+
+        tree = tree.compacted() if sampling.sampled else tree
+        tokens, q = draft_static(tree, self.root_token, expand, sampling, model.vocab)
+        if tree.is_chain and model.verify_costs is not None and tree.depth > 0:
+            tree, tokens, q = scheduled_chain(model, hidden, tokens, q)
+        return Proposal(tree, tokens, q)
+
+
+def node_depths(parents: list[int], nodes: list[int]) -> list[int]:
+    out = []
+    for node in nodes:
+        depth = 0
+        while node > 0:
+            node, depth = parents[node], depth + 1
+        out.append(depth)
+    return out
+
+
+def markov_candidates(model, base: torch.Tensor, top_k: int, sampling: Sampling):
+    """candidates(depth, token) for best_first: the top_k children (or draws) of a node at `depth` whose token is
+    `token`, by log-probability, from base[depth] + the Markov bias of the token."""
+
+    def candidates(depth: int, token: int) -> tuple[list[float], list[int]]:
+        logits = model.markov_logits(base[depth][None], torch.tensor([token], device=base.device))
+        probs = child_distribution(logits, sampling, top_k)
+        picked = choose_children(probs, top_k, sampling)
+        logp, order = probs.gather(-1, picked).log().sort(-1, descending=True)
+        return logp[0].tolist(), model.vocab.to_target(picked.gather(-1, order))[0].tolist()
+
+    return candidates
+
+
+def scheduled_chain(model, hidden: torch.Tensor, tokens: torch.Tensor, q):
+    """The drafted chain (tokens [1, L + 1], q) cut to the drafts whose confidence pays for their verification."""
+    depth = tokens.shape[1] - 1
+    confidence = model.confidence_logits(hidden[:, :depth], tokens[:, :depth]).sigmoid()[0].tolist()
+    keep = scheduled_length(confidence, model.verify_costs)
+    return Tree.chain(keep), tokens[:, : keep + 1], None if q is None else q[:, : keep + 1]
