@@ -1,6 +1,6 @@
 """What an evaluation fits on the calibration prompts before its measured runs: a static tree for each learned
-drafter (`--tree auto`), the costs a gated combination weighs (decoding/gate.py), and each drafter's cost profile
-on this machine (costmodel/profile.py)."""
+drafter (`--tree auto`), the costs a gated combination weighs (decoding/gate.py) and a confidence-scheduled drafter
+weighs (heads/parts/dspark_drafting.py), and each drafter's cost profile on this machine (costmodel/profile.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from draftheads.costmodel.cost_model import fastest_tree
 from draftheads.costmodel.profile import drafter_profile, folder_fingerprint
 from draftheads.decoding.gate import GateCosts, LearnedGate, gate_costs, measured_costs
 from draftheads.decoding.stats import GenerationStats
+from draftheads.heads.parts.dspark_drafting import VerifyCosts
 from draftheads.measurement.conversations import Conversation, EvalSettings, first_chat
 from draftheads.measurement.entries import Entry, copier_entry, describe_tree, learned_source
 from draftheads.measurement.measure import RunConfig, generate_conversations
@@ -134,3 +135,23 @@ def price_gates(cal: Calibration, entries: list[Entry]) -> None:
             entry.info["gate"] += (f" (a situation the calibration prompts never met takes the profile's estimate: "
                                    f"{estimated[0].without_chain:.2f}, {estimated[0].with_chain:.2f})")
         print(f"draftheads eval: {entry.name}: {entry.info['gate']}", flush=True)
+
+
+def price_schedules(cal: Calibration, entries: list[Entry]) -> None:
+    """Give each learned drafter that verifies by confidence (DSpark's `head.verify: scheduled`) this machine's costs:
+    its draft pass and a verify forward of 1..depth + 1 tokens, from the cost profiles at the evaluated prompts'
+    mean context (heads/parts/dspark_drafting.py weighs each draft's confidence against them)."""
+    scheduled = [e for e in entries
+                 if e.kind == "learned" and getattr(e.drafter.config, "verify", "all") == "scheduled"]
+    if not scheduled:
+        return
+    context = sum(cal.lengths) / max(1, len(cal.lengths)) + cal.settings.decode.max_new_tokens / 2
+    step = cal.profile.decode_step(context)
+    for entry in scheduled:
+        used = entry.used_tree
+        draft = profile_entry(cal, entry).step_in_decode_steps(used.depth, used.num_nodes) * step
+        verify = tuple(cal.profile.forward(n, context) for n in range(1, used.depth + 2))
+        entry.drafter.set_verify_costs(VerifyCosts(draft_s=draft, verify_s=verify))
+        entry.info["schedule"] = (f"chains cut where confidence stops paying: draft {draft * 1e3:.1f} ms, verify "
+                                  + " / ".join(f"{t * 1e3:.1f}" for t in verify) + f" ms for 1..{len(verify)} tokens")
+        print(f"draftheads eval: {entry.name}: {entry.info['schedule']}", flush=True)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from draftheads.core.tree import AutoTreeSpec
 from draftheads.costmodel.batch_profile import batch_profile
-from draftheads.costmodel.calibration import COMB_DEPTH, COMB_WIDTH, Calibration, fit_auto_trees, price_gates
+from draftheads.costmodel.calibration import (COMB_DEPTH, COMB_WIDTH, Calibration, fit_auto_trees, price_gates,
+                                              price_schedules)
 from draftheads.costmodel.earlier_report import read_earlier
 from draftheads.costmodel.forecast import predict_entries, prediction_columns
 from draftheads.costmodel.profile import target_profile
@@ -64,6 +65,7 @@ def run_eval(drafters: list[str], config: EvalConfig | None = None, *, target: s
     if budget:
         fit_auto_trees(fitting, entries, requested)
     price_gates(fitting, entries)
+    price_schedules(fitting, entries)
     batch_sizes = sorted(set(config.batch_sizes))
     batch = (batch_profile(model, refresh=config.refresh_profile, progress=lambda line: print(line, flush=True))
              if max(batch_sizes) > 1 or config.plain_above == "auto" else None)

@@ -5,8 +5,8 @@
     drafter = new_drafter(config, target.config)               # resolved, unbound: shapes only (export checks)
 
 A head's `type` picks its config class and its module (`KINDS`): medusa, medusa2, eagle (EAGLE-1/2), eagle3, mtp,
-dflash, dspark and peagle (block-parallel), native (the MTP layers a checkpoint ships) and assistant (Gemma 4's assistant
-drafters).
+dflash, dspark and peagle (block-parallel), native (the MTP layers a checkpoint ships) and assistant (Gemma 4's
+assistant drafters).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ settings from draftheads_export.json when we wrote it) -> tensors renamed to nat
 engine module's reader) -> a drafter built for `target` (heads/factory.py), loaded strictly, bound.
 Layouts read: vLLM / TGI / Medusa v0.1 Medusa, vLLM / SGLang / reference EAGLE-1/2, vLLM /
 SGLang LlamaForCausalLMEagle3, speculators EAGLE-3, P-EAGLE (vLLM: EAGLE-3 with mask_hidden and pard_token;
-speculators: peagle) and DFlash (the z-lab layout of vLLM and SGLang; speculators' dflash).
+speculators: peagle), DFlash (the z-lab layout of vLLM and SGLang; speculators' dflash) and DSpark (speculators' dspark).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from draftheads.interop.native import (FORMAT, PROVENANCE, load_native, read_con
 STRUCTURE = {"medusa": ("type", "num_heads", "num_layers", "lm_head", "draft_vocab_size"),
              "eagle": ("type", "draft_vocab_size"), "eagle3": ("type", "feature_layers", "draft_vocab_size"),
              "dflash": ("type", "block_size", "num_layers", "target_layers", "mask_token_id", "draft_vocab_size"),
+             "dspark": ("type", "block_size", "num_layers", "target_layers", "mask_token_id", "draft_vocab_size",
+                        "markov_rank", "confidence", "confidence_with_markov"),
              "peagle": ("type", "feature_layers", "draft_vocab_size", "mask_token_id")}
 
 
@@ -61,6 +63,8 @@ def import_drafter(folder: Path, config: dict, target):
         head, state = read_dflash(config, tensors, target)
     elif layout == "dflash-speculators":
         head, state = speculators.read_speculators_dflash(config, tensors, target)
+    elif layout == "dspark-speculators":
+        head, state = speculators.read_speculators_dspark(config, tensors, target)
     else:
         head, state = {"type": "eagle"}, tensors
     drafter = new_drafter(head_config(with_saved_settings(folder, head)), target.config)
@@ -75,10 +79,10 @@ def detect(folder: Path, config: dict) -> str:
     archs = config.get("architectures") or []
     if "speculators_model_type" in config:
         kind = config["speculators_model_type"]
-        if kind not in ("eagle3", "peagle", "dflash"):
-            raise DraftheadsError(f"'{folder}': speculators model type '{kind}' is not read here (eagle3, peagle and "
-                                  "dflash only)")
-        return "dflash-speculators" if kind == "dflash" else kind
+        if kind not in ("eagle3", "peagle", "dflash", "dspark"):
+            raise DraftheadsError(f"'{folder}': speculators model type '{kind}' is not read here (eagle3, peagle, "
+                                  "dflash and dspark only)")
+        return f"{kind}-speculators" if kind in ("dflash", "dspark") else kind
     if "medusa_num_heads" in config:
         return "medusa-tgi"
     if config.get("model_type") == "medusa" or "MedusaModel" in archs:

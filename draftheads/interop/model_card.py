@@ -47,7 +47,7 @@ LIBRARIES = {"native": "draftheads", "vllm": "vllm", "sglang": "sglang", "tgi": 
 SERVE = {"vllm": vllm.serve_command, "sglang": sglang.serve_command, "tgi": tgi.serve_command,
          "speculators": speculators.serve_command}
 TAGS = {"medusa": "medusa", "medusa2": "medusa", "eagle": "eagle", "eagle3": "eagle3", "mtp": "mtp",
-        "dflash": "dflash", "peagle": "p-eagle", "native": "mtp", "assistant": "gemma4-assistant"}
+        "dflash": "dflash", "dspark": "dspark", "peagle": "p-eagle", "native": "mtp", "assistant": "gemma4-assistant"}
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 LICENCE_FIELDS = ("license", "license_name", "license_link")
 GGUF_LICENCE = {"license": "general.license", "license_name": "general.license.name",

@@ -1,7 +1,8 @@
 """speculators (0.9.0, and vLLM's speculators loader): EAGLE-3 folders (`Eagle3Speculator`) and P-EAGLE folders
 (`PEagleSpeculator`: EAGLE-3's and mask_hidden), whose tensor names are the public EAGLE-3 layout's under `layers.0.`
-(interop/eagle_layout.py), and DFlash folders (`DFlashSpeculator`: z-lab's tensor names, interop/dflash_layout.py,
-with speculators' own config).
+(interop/eagle_layout.py), DFlash folders (`DFlashSpeculator`: z-lab's tensor names, interop/dflash_layout.py,
+with speculators' own config), DSpark folders (`DSparkSpeculator`: DFlash's with the Markov and confidence heads under
+DeepSpec's names) and Qwen MTP layers (`MTPDraftModel`).
 """
 
 from __future__ import annotations
@@ -104,6 +105,39 @@ LAYOUTS = (
         ),
     ),
     Layout(
+        format="speculators", kind="dspark", engine="speculators 0.9.0 (DSparkDraftModel)",
+        weights_file="model.safetensors",
+        architectures=("DSparkSpeculator",),
+        config={
+            "speculators_model_type": "dspark",
+            "(DFlash's)": "transformer_layer_config, draft_vocab_size, block_size, target_hidden_size, mask_token_id, "
+                          "aux_hidden_state_layer_ids (z-lab's target_layer_ids + 1)",
+            "sample_from_anchor": "true: every slot drafts, block_size drafts (DeepSpec's convention, its default)",
+            "markov_rank": "r (0: no Markov head)", "markov_head_type": "vanilla (the first-order bias we train)",
+            "enable_confidence_head": "whether confidence_head.proj is in the folder",
+            "confidence_head_with_markov": "the confidence head reads [h; W1[prev]]",
+        },
+        tensors=dflash_tensors(own_lm_head=True) + (
+            Tensor("t2d", ("V",), "bool", when="draft_vocab_size < V"),
+            Tensor("markov_head.markov_w1.weight", ("V", "r"), when="markov_rank > 0"),
+            Tensor("markov_head.markov_w2.weight", ("Vd", "r"), when="markov_rank > 0"),
+            Tensor("confidence_head.proj.weight", ("1", "H+r"), when="confidence head"),
+            Tensor("confidence_head.proj.bias", ("1",), when="confidence head")),
+        families=(),
+        read_from=(
+            LoaderFile(SPECULATORS, "src/speculators/models/dspark/config.py", "PyPI speculators==0.9.0"),
+            LoaderFile(SPECULATORS, "src/speculators/models/dspark/core.py", "PyPI speculators==0.9.0"),
+            LoaderFile(SPECULATORS, "src/speculators/models/dspark/model_definitions.py", "PyPI speculators==0.9.0"),
+            LoaderFile(SPECULATORS, "src/speculators/models/dflash/core.py", "PyPI speculators==0.9.0"),
+        ),
+        traps=(
+            "markov_w2 has the draft vocabulary's rows (W1 the verifier's): the bias adds onto the draft logits",
+            "sample_from_anchor defaults to true here (false in DFlash): slot k predicts token p+k+1 and its Markov "
+            "bias reads the token at p+k",
+            "confidence_head_with_markov without a Markov head is refused by its constructor",
+        ),
+    ),
+    Layout(
         format="speculators", kind="native", engine="speculators 0.9.0 (MTPDraftModel) / vLLM's MTP loaders",
         weights_file="model.safetensors",
         architectures=("MTPDraftModel",),
@@ -188,6 +222,19 @@ def write_dflash(s: SavedDrafter):
     return tensors, config, "model.safetensors"
 
 
+def write_dspark(s: SavedDrafter):
+    """DSparkSpeculator: DFlash's folder, every slot drafting (sample_from_anchor: true, block_size drafts), with the
+    Markov head (markov_head.markov_w1 [V, r], markov_w2 [Vd, r]) and the confidence head under their own names."""
+    head = s.head
+    tensors, config, weights = write_dflash(s)
+    config = {**config, **speculators_fields(s, "dspark", "DSparkSpeculator", config["transformer_layer_config"],
+                                             head.block_size),
+              "sample_from_anchor": True, "markov_rank": head.markov_rank, "markov_head_type": "vanilla",
+              "enable_confidence_head": head.confidence,
+              "confidence_head_with_markov": head.confidence and head.confidence_with_markov}
+    return tensors, config, weights
+
+
 def read_speculators_dflash(config: dict, tensors: dict, target) -> tuple[dict, dict]:
     """(head structure, native state) of a speculators DFlash folder: its fields in z-lab's terms, then z-lab's
     reader (the same tensor names)."""
@@ -202,6 +249,25 @@ def read_speculators_dflash(config: dict, tensors: dict, target) -> tuple[dict, 
                               "block_size": config["block_size"], "mask_token_id": config["mask_token_id"]},
             "num_hidden_layers": config["transformer_layer_config"]["num_hidden_layers"]}
     return read_dflash(zlab, {k: v for k, v in tensors.items() if not k.startswith("verifier_")}, target)
+
+
+def read_speculators_dspark(config: dict, tensors: dict, target) -> tuple[dict, dict]:
+    """(head structure, native state) of a speculators DSpark folder: DFlash's reading, every slot drafting, and the
+    Markov and confidence heads under the same names as ours."""
+    if config.get("sample_from_anchor") is False:
+        raise DraftheadsError("this speculators DSpark folder drafts from the mask slots only (sample_from_anchor: "
+                              "false), which draftheads' DSpark does not; train it with sample_from_anchor true")
+    if config.get("markov_head_type", "vanilla") != "vanilla":
+        raise DraftheadsError(f"this speculators DSpark folder's Markov head is '{config['markov_head_type']}'; "
+                              "draftheads reads the first-order one (markov_head_type: vanilla) only")
+    heads = ("markov_head.", "confidence_head.")
+    dflash = {k: v for k, v in tensors.items() if not k.startswith(heads)}
+    head, state = read_speculators_dflash({**config, "sample_from_anchor": False}, dflash, target)
+    confidence = bool(config.get("enable_confidence_head", True))
+    head.update(type="dspark", markov_rank=int(config.get("markov_rank", 256)), confidence=confidence,
+                confidence_with_markov=confidence and bool(config.get("confidence_head_with_markov", True)))
+    state.update({k: v for k, v in tensors.items() if k.startswith(heads)})
+    return head, state
 
 
 def write_peagle(s: SavedDrafter):
@@ -233,7 +299,8 @@ def refusal(saved: SavedDrafter) -> str | None:
     return None
 
 
-WRITERS = {"eagle3": write_eagle3, "peagle": write_peagle, "dflash": write_dflash, "native": write_mtp}
+WRITERS = {"eagle3": write_eagle3, "peagle": write_peagle, "dflash": write_dflash, "dspark": write_dspark,
+           "native": write_mtp}
 
 
 def serve_command(s: SavedDrafter, model: str, target: str) -> str:

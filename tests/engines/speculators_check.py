@@ -4,8 +4,8 @@
 
 speculators pins its own transformers and torch, so it cannot share the main environment; this script imports nothing
 of draftheads. For each folder it loads the model class of its speculators_model_type (eagle3: Eagle3DraftModel,
-peagle: PEagleDraftModel, dflash: DFlashDraftModel, mtp: MTPDraftModel) with `from_pretrained` (which fills every
-weight it did not find with NaN), then checks that every floating-point parameter is finite and every tensor of the
+peagle: PEagleDraftModel, dflash: DFlashDraftModel, dspark: DSparkDraftModel, mtp: MTPDraftModel) with
+`from_pretrained` (which fills every weight it did not find with NaN), then checks that every floating-point parameter is finite and every tensor of the
 folder's model.safetensors equals the loaded model's. It prints one JSON object per folder: {"folder", "ok",
 "problems"}.
 """
@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 def check(folder: str) -> dict:
     from speculators.models import DFlashDraftModel, Eagle3DraftModel, PEagleDraftModel
+    from speculators.models.dspark import DSparkDraftModel
     from speculators.models.mtp import MTPDraftModel
 
     with open(f"{folder}/config.json") as f:
@@ -26,7 +27,7 @@ def check(folder: str) -> dict:
     problems = []
     try:
         model_class = {"eagle3": Eagle3DraftModel, "peagle": PEagleDraftModel, "dflash": DFlashDraftModel,
-                       "mtp": MTPDraftModel}[kind]
+                       "dspark": DSparkDraftModel, "mtp": MTPDraftModel}[kind]
         model = model_class.from_pretrained(folder)
     except Exception as e:  # noqa: BLE001 - whatever the loader raises is the finding
         return {"folder": folder, "ok": False, "problems": [f"from_pretrained raised {type(e).__name__}: {e}"]}

@@ -44,6 +44,7 @@ HEADS = {
     "dflash": ("dflash", {"block_size": 4, "num_layers": 2}),
     "dflash-vocab": ("dflash", {"draft_vocab_size": VD}),
     "peagle": ("peagle", {"draft_vocab_size": VD, "depths": 3}),
+    "dspark": ("dspark", {"block_size": 3, "num_layers": 2, "draft_vocab_size": VD, "markov_rank": 8}),
 }
 # Which engine formats each head type may go to, per target family (everything else is refused).
 ALLOWED = {
@@ -68,6 +69,9 @@ ALLOWED = {
                      else ("vllm", "speculators") for f in FAMILIES},
     # EAGLE-3's Llama layer with a mask vector: vLLM (parallel_drafting) and speculators; SGLang has no P-EAGLE
     "peagle": {f: ("vllm", "speculators") for f in FAMILIES},
+    # DFlash's folder with the Markov and confidence heads: speculators so far (vLLM's dspark method, SGLang and
+    # llama.cpp's draft-dspark are not written yet)
+    "dspark": {f: ("speculators",) for f in FAMILIES},
 }
 ENGINE_FORMATS = ("vllm", "sglang", "tgi", "speculators", "deepseek-mtp", "llama.cpp")
 
@@ -101,7 +105,7 @@ def natives(targets, tmp_path_factory):
             with torch.no_grad():  # zero-initialised blocks would hide swapped or dropped tensors
                 for p in drafter.parameters():
                     p.add_(torch.randn_like(p) * 0.05)
-            if head.startswith("eagle3") or head in ("dflash-vocab", "peagle"):
+            if head.startswith("eagle3") or head in ("dflash-vocab", "peagle", "dspark"):
                 # keeps the noisy lm_head: no restart from the target
                 drafter.vocab.choose(torch.randint(0, 1000, (V,)))
             folder = save_drafter(drafter, tmp_path_factory.mktemp(f"{family}-{head}") / "native", target=target)
