@@ -1,9 +1,11 @@
-"""`draftheads engine eval llama.cpp DRAFTER`: EAGLE-3 and native MTP drafters inside llama.cpp, beside the engine's
-own decoding.
+"""`draftheads engine eval llama.cpp DRAFTER`: EAGLE-3, DSpark, DFlash and native MTP drafters inside llama.cpp, beside
+the engine's own decoding.
 
     folder = run_engine_eval(["runs/eagle3-smollm2"], EngineEvalConfig(limit=10, draft_tokens=[2, 3, 4]))
 
-Each EAGLE-3 drafter is exported to GGUF (interop/llama_cpp.py) and paired with the target GGUF; a native MTP
+Each EAGLE-3 drafter is exported to GGUF (interop/llama_cpp.py), each DSpark and DFlash drafter converted to GGUF by
+llama.cpp's converter (interop/llama_cpp_block.py, run with `draft-dspark` / `draft-dflash`), and paired with the target
+GGUF; a native MTP
 drafter (head.type native) is put back into a copy of its checkpoint and the whole of it converted by llama.cpp's
 converter, its MTP layer riding in the target's GGUF, run with `draft-mtp`. One llama-server per
 configuration runs at once on the loopback: plain greedy decoding, llama.cpp's n-gram speculation modes (each at
@@ -88,11 +90,12 @@ class Side:
 
 
 def engine_configs(drafters: dict[str, Path], draft_tokens: list[int], ngram: bool = True,
-                   p_mins: list[float] = (0.0,), inside: frozenset = frozenset()) -> list[EngineConfig]:
+                   p_mins: list[float] = (0.0,), inside: frozenset = frozenset(),
+                   spec_types: dict[str, str] | None = None) -> list[EngineConfig]:
     """Plain decoding first (what every row is compared with), the n-gram modes, then each drafter at each draft length
     and confidence floor (p_min: llama.cpp stops a draft at the first token whose draft probability is below it).
-    Drafters named in `inside` are GGUFs of the whole target with its MTP layer (`draft-mtp`), else EAGLE-3 drafter
-    GGUFs beside the target (`draft-eagle3`)."""
+    Drafters named in `inside` are GGUFs of the whole target with its MTP layer (`draft-mtp`), else drafter GGUFs
+    beside the target, run as `spec_types` names them (`draft-dspark`, `draft-dflash`; default `draft-eagle3`)."""
     configs = [EngineConfig("llama.cpp plain", "plain")]
     if ngram:
         for mode in NGRAM_MODES:
@@ -106,7 +109,7 @@ def engine_configs(drafters: dict[str, Path], draft_tokens: list[int], ngram: bo
                 mtp = name in inside
                 drafter = (() if mtp else ("-md", str(gguf))) + ("--spec-draft-n-max", str(n), "--spec-draft-p-min",
                                                                  f"{p:g}")
-                kind, model = ("draft-mtp", str(gguf)) if mtp else ("draft-eagle3", None)
+                kind, model = ("draft-mtp", str(gguf)) if mtp else ((spec_types or {}).get(name, "draft-eagle3"), None)
                 configs.append(EngineConfig(label, "drafter", (*drafter, "--spec-type", kind), name, n, p, model))
                 if ngram:
                     configs.append(EngineConfig(f"{label} + {PAIRED_NGRAM}", "drafter+ngram",
@@ -127,8 +130,8 @@ def run_engine_eval(drafters: list[str], config: EngineEvalConfig | None = None,
                               "need a GPU)")
     paths = learned_paths(drafters)
     if not paths:
-        raise DraftheadsError("draftheads engine eval needs an EAGLE-3 or native MTP drafter folder (prompt lookup "
-                              "runs in our own loop only)")
+        raise DraftheadsError("draftheads engine eval needs an EAGLE-3, DSpark, DFlash or native MTP drafter folder "
+                              "(prompt lookup runs in our own loop only)")
     draft_tokens, p_mins = sorted(set(config.draft_tokens)), sorted(set(config.p_mins))
     check_report_folder(out, drafters)
     folder = report_folder(out, drafters)
@@ -143,7 +146,8 @@ def run_engine_eval(drafters: list[str], config: EngineEvalConfig | None = None,
     files = {name: folder / "gguf" / name / (record["target"] if record.get("mtp") else DRAFTER_FILE)
              for name, record in exports.items()}
     configs = engine_configs(files, draft_tokens, config.ngram, p_mins,
-                             frozenset(name for name, record in exports.items() if record.get("mtp")))
+                             frozenset(name for name, record in exports.items() if record.get("mtp")),
+                             {name: record["spec_type"] for name, record in exports.items() if "spec_type" in record})
     print(f"draftheads engine eval llama.cpp: {len(conversations)} prompts from {config.prompts}, {len(configs)} "
           f"llama-server configurations at once ({tools.server})", flush=True)
     sides = measure_engine(tools.server, target_gguf, configs, conversations, tokenizer, settings, folder / "logs",

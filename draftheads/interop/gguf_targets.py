@@ -81,8 +81,9 @@ def copy_metadata(reader, writer, changed: dict) -> None:
         writer.add_uint32(name, value)
 
 
-def convert_to_gguf(folder: Path, out: Path, outtype: str = "bf16") -> Path:
-    """A Hugging Face folder as one GGUF file, by llama.cpp's converter (outtype f32, f16, bf16 or q8_0)."""
+def convert_to_gguf(folder: Path, out: Path, outtype: str = "bf16", extra: tuple[str, ...] = ()) -> Path:
+    """A Hugging Face folder as one GGUF file, by llama.cpp's converter (outtype f32, f16, bf16 or q8_0; `extra`: more
+    of its arguments, e.g. a drafter's --target-model-dir)."""
     if outtype not in CONVERT_TYPES:
         raise DraftheadsError(f"cannot convert to '{outtype}'; choose one of {', '.join(CONVERT_TYPES)}")
     if not (Path(folder) / "config.json").is_file():
@@ -92,7 +93,7 @@ def convert_to_gguf(folder: Path, out: Path, outtype: str = "bf16") -> Path:
     def write(tmp: Path) -> None:
         env = {**os.environ, "PYTHONPATH": str(converter.parent / "gguf-py")}
         done = subprocess.run([sys.executable, str(converter), str(folder), "--outfile", str(tmp),
-                               "--outtype", outtype], env=env, capture_output=True, text=True)
+                               "--outtype", outtype, *extra], env=env, capture_output=True, text=True)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
             raise DraftheadsError(f"llama.cpp's converter failed on '{folder}' ({last})")

@@ -102,7 +102,10 @@ ROPE_KINDS = ("default", "linear", "llama3")
 
 
 def refusal(saved: SavedDrafter) -> str | None:
-    """llama.cpp's draft layer has plain or linear or Llama-3 RoPE; other scalings have no EAGLE-3 path there."""
+    """llama.cpp's draft layer has plain or linear or Llama-3 RoPE; other scalings have no EAGLE-3 path there. Block
+    drafters (interop/llama_cpp_block.py) are checked by llama.cpp's converter."""
+    if saved.kind != "eagle3":
+        return None
     rope = whole_head_rope(saved.layer_config()) or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind not in ROPE_KINDS:
@@ -323,6 +326,7 @@ def link_or_copy(source: Path, dest: Path) -> None:
 
 
 WRITERS = {"eagle3": fill_export}   # fills the export folder (interop/export.py: FOLDER_FORMATS)
+
 
 
 def read_gguf(path: Path) -> tuple[dict, dict]:
