@@ -11,7 +11,7 @@ from tests.fixtures import make_config
 def test_every_bundled_recipe_loads_and_validates(name):
     recipe = load_recipe(name)
     assert recipe.name == name
-    assert recipe.head.type in ("medusa", "medusa2", "eagle", "eagle3", "mtp", "dflash", "peagle", "native",
+    assert recipe.head.type in ("medusa", "medusa2", "eagle", "eagle3", "mtp", "dflash", "dspark", "peagle", "native",
                                 "assistant")
     # the header comment gives the launch command
     from draftheads.recipe import read_recipe_text

@@ -8,6 +8,9 @@ build (`convert_hf_to_gguf.py`, conversion/qwen.py: DFlashModel, DSparkModel): i
 (`DSparkSpeculator` / `DFlashSpeculator`, interop/speculators.py), and with `--target-model-dir` the target's
 tokenizer and config. The speculators schema is the one the converter reads our slot convention from: DSpark with
 `sample_from_anchor` true (every slot drafts), DFlash with it false (the pending token and B - 1 drafts, z-lab's).
+The converter registers no `DFlashSpeculator`, and its z-lab class (DFlashModel) reads no draft vocabulary; its DSpark
+class reads both the schema and d2t, so a DFlash drafter goes to it as a DSpark folder without Markov and confidence
+heads (markov_rank 0), which is what DFlash is to it: the same `dflash` GGUF architecture.
 The target folder is the Hugging Face folder the drafter was trained on (the embedded target's cached checkpoint, with
 the tokenizer it was converted with); the converted drafter's vocabulary is then checked token for token against the
 target GGUF it will run with, as llama-server pairs them only then.
@@ -78,6 +81,9 @@ def fill_block_export(saved: SavedDrafter, folder: Path, source: Path, card: dic
     hf = folder / SOURCE_FOLDER
     hf.mkdir()
     tensors, config, weights = speculators.WRITERS[saved.kind](saved)
+    if saved.kind == "dflash":
+        config = {**config, "architectures": ["DSparkSpeculator"], "speculators_model_type": "dspark",
+                  "markov_rank": 0, "enable_confidence_head": False, "confidence_head_with_markov": False}
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(hf / weights), metadata={"format": "pt"})
     (hf / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     convert_to_gguf(hf, folder / DRAFTER_FILE, outtype="f32" if str(saved.dtype) == "torch.float32" else "bf16",

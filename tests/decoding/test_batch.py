@@ -41,6 +41,8 @@ KINDS = {
     "gate": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model),
                                           gate=LearnedGate(GateCosts(0.3, 0.3))),
     "combined-dflash": lambda model: CombinedDrafter(draftheads.build_drafter("dflash", model, block_size=4)),
+    "combined-dspark": lambda model: CombinedDrafter(draftheads.build_drafter("dspark", model, block_size=3,
+                                                                              markov_rank=8), SuffixDrafter()),
     "combined-suffix": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model), SuffixDrafter()),
     "gate-suffix": lambda model: CombinedDrafter(draftheads.build_drafter("eagle", model), SuffixDrafter(),
                                                  gate=LearnedGate(GateCosts(0.3, 0.3))),

@@ -1,0 +1,75 @@
+"""llama.cpp runs our DSpark and DFlash drafters (`draft-dspark`, `draft-dflash`), converted by its own converter.
+
+Small DSpark and DFlash drafters are trained for a few dozen steps on answers the embedded target (SmolLM2-135M)
+wrote, exported (interop/llama_cpp_block.py: our speculators folder through convert_hf_to_gguf.py with the target's
+tokenizer), and run by llama-server beside its plain decoding on the same prompts: greedy speculative output must equal
+llama.cpp's plain greedy output, llama.cpp must accept drafts, and its tokens per target pass must come close to our
+own loop's tau on the same prompts (the engine reads the slots, the Markov head and the layer ids as we meant them).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.engines.test_llama_cpp_engine import PROMPTS
+
+pytestmark = pytest.mark.slow
+
+HEADS = {  # small blocks of the recipes' drafters, so 60 steps on four answers learn them
+    "dspark": ["head.block_size=4", "head.markov_rank=32", "head.num_layers=1"],
+    "dflash": ["head.block_size=5", "head.num_layers=1"],
+}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(target, the prompts file, {kind: a run trained on the target's answers to those prompts})."""
+    from draftheads import load_target
+    from draftheads.data.datagen import run_data
+    from draftheads.recipe import load_recipe
+    from draftheads.training.loop import run_training
+
+    where = tmp_path_factory.mktemp("llama-cpp-block")
+    prompts = where / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    target = load_target("smollm2-135m", dtype="fp32", device="cpu")
+    runs = {}
+    for kind, head in HEADS.items():
+        overrides = [f"data.output={where / 'data'}", f"train.output_dir={where / kind}", "data.num_prompts=4",
+                     f"data.prompts=[{{source: {prompts}}}]", "data.max_new_tokens=64", "data.batch_size=4",
+                     "data.shard_size=4", "train.max_steps=60", "train.batch_size=4", "train.max_length=192",
+                     "train.time_budget_minutes=null", "train.eval_every=60", "train.save_every=60",
+                     "train.eval_fraction=0", "train.warmup_steps=5", "train.lr=3e-3", "train.dtype=fp32",
+                     "log.trackers=[]", "head.draft_vocab_size=2048", *head]
+        recipe = load_recipe(f"{kind}-smollm2", overrides)
+        if kind == "dspark":
+            run_data(recipe, target=target)
+        run_training(recipe, target=target)
+        runs[kind] = where / kind
+    return target, prompts, runs
+
+
+def test_llama_cpp_runs_our_block_drafters_losslessly_and_as_our_loop_does(engine, trained, tmp_path):
+    from draftheads.evaluation.engine_eval import run_engine_eval
+    from draftheads.evaluation.eval_config import EngineEvalConfig
+
+    target, prompts, runs = trained
+    config = EngineEvalConfig(prompts=str(prompts), max_new_tokens=64, draft_tokens=[3], ngram=False)
+    folder = run_engine_eval([str(runs["dspark"]), str(runs["dflash"])], config, out=str(tmp_path / "eval"),
+                             target_model=target)
+    report = json.loads((folder / "report.json").read_text())
+    plain = next(r for r in report["results"] if r["kind"] == "plain")
+    drafters = [r for r in report["results"] if r["kind"] == "drafter"]
+    assert [c["args"][-1] for c in report["configs"] if c["kind"] == "drafter"] == ["draft-dspark", "draft-dflash"]
+    for row in drafters:
+        assert row["new_tokens"] == plain["new_tokens"] > 0
+        assert row["greedy_mismatches"] == 0                    # speculative greedy == llama.cpp's plain greedy
+        assert row["drafted"] > 0 and row["accepted"] > 0       # llama.cpp drafted with our file and kept drafts
+        # trained on these answers, the drafter predicts them in both loops: measured (native AVX512-BF16, fp32)
+        # DSpark 1.50 ours / 1.43 in llama.cpp, DFlash 1.74 / 1.64; the bounds leave 0.18 below the lowest
+        assert row["our_tau"] > 1.25 and row["tokens_per_pass"] > 1.25, row
+        # the engine's tokens per pass within 6% of our tau (measured -4.7% and -6.0%; llama.cpp's bf16-free CPU path
+        # and its own sampling of near ties part them); 15% leaves room without hiding a layout mismatch (tau ~1.0)
+        assert abs(row["tau_gap"]) < 0.15, row
