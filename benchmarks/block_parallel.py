@@ -8,20 +8,21 @@ sizes.
     .venv/bin/python -m benchmarks.block_parallel --drafters eagle3,dflash --blocks 4 --runs runs/at-35 ...
 
 Trains (or resumes, when a run folder holds a finished run of the same settings) one EAGLE-3 drafter (the
-eagle3-smollm2 head), one P-EAGLE drafter (the peagle-smollm2 head), one DFlash drafter per block size (the
-dflash-smollm2 head), one DSpark drafter (the dspark-smollm2 head) and, as `dspark-r0`, the same without its Markov
-head (rank 0: what the Markov head adds, every other choice equal) on the same target-generated data folder, each for the same CPU minutes at a constant learning
-rate after warm-up, then evaluates all of them in one `draftheads eval` run (timings interleaved: each prompt is
-decoded by every configuration before the next prompt), beside prompt lookup and each learned drafter combined with
-it. Each drafter is its run's best/ one (the step whose held-out simulated acceptance was highest, as a user would
-serve it; `--use final` takes the last step's): on small data the one-forward drafters overfit before their minutes
-end. DSpark is evaluated twice, verifying whole chains and with `head.verify: scheduled` (its confidence head cuts
-each chain where it stops paying for the verify time on this machine: a copy of the folder with that setting). The
-held-out top-1 accuracy by depth of every run (its training evaluation: DSpark's given the real previous token, as a
-verifier reaches a depth only when every earlier draft was accepted) is printed first. The EAGLE-3 run is the one benchmarks/peers.py trains when both are given the same runs folder (--runs here,
---out there), so it is trained once for both. Prints tau, drafting and verify cost and speedup per drafter. The data
-folder must exist (`draftheads data demo-smollm2 data.output=data/demo-self` makes the default one, ~10 minutes).
-Run it with nothing else heavy on the machine: two cores are easily shared away.
+eagle3-smollm2 head), one P-EAGLE drafter (the peagle-smollm2 head), one DFlash drafter per block size (the dflash-
+smollm2 head), one DSpark drafter (the dspark-smollm2 head) and, as `dspark-r0`, the same without its Markov head
+(rank 0: what the Markov head adds, every other choice equal) on the same target-generated data folder, each for the
+same CPU minutes at a constant learning rate after warm-up, then evaluates all of them in one `draftheads eval` run
+(timings interleaved: each prompt is decoded by every configuration before the next prompt), beside prompt lookup
+and each learned drafter combined with it. Each drafter is its run's best/ one (the step whose held-out simulated
+acceptance was highest, as a user would serve it; `--use final` takes the last step's): on small data the one-
+forward drafters overfit before their minutes end. DSpark is evaluated twice, verifying whole chains and with
+`head.verify: scheduled` (its confidence head cuts each chain where it stops paying for the verify time on this
+machine: a copy of the folder with that setting). The held-out top-1 accuracy by depth of every run (its training
+evaluation: DSpark's given the real previous token, as a verifier reaches a depth only when every earlier draft was
+accepted) is printed first. The EAGLE-3 run is the one benchmarks/peers.py trains when both are given the same runs
+folder (--runs here, --out there), so it is trained once for both. Prints tau, drafting and verify cost and speedup
+per drafter. The data folder must exist (`draftheads data demo-smollm2 data.output=data/demo-self` makes the default
+one, ~10 minutes). Run it with nothing else heavy on the machine: two cores are easily shared away.
 """
 
 from __future__ import annotations

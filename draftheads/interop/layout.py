@@ -29,7 +29,8 @@ TGI = "huggingface/text-generation-inference"
 SPECULATORS = "vllm-project/speculators"
 # each head kind as people write it
 LABELS = {"eagle3": "EAGLE-3", "eagle": "EAGLE", "medusa": "Medusa", "medusa2": "Medusa-2", "mtp": "MTP",
-          "dflash": "DFlash", "dspark": "DSpark", "peagle": "P-EAGLE", "native": "native MTP", "assistant": "Gemma 4 assistant"}
+          "dflash": "DFlash", "dspark": "DSpark", "peagle": "P-EAGLE", "native": "native MTP",
+          "assistant": "Gemma 4 assistant"}
 
 
 @dataclass(frozen=True)

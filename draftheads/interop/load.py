@@ -7,7 +7,8 @@ settings from draftheads_export.json when we wrote it) -> tensors renamed to nat
 engine module's reader) -> a drafter built for `target` (heads/factory.py), loaded strictly, bound.
 Layouts read: vLLM / TGI / Medusa v0.1 Medusa, vLLM / SGLang / reference EAGLE-1/2, vLLM /
 SGLang LlamaForCausalLMEagle3, speculators EAGLE-3, P-EAGLE (vLLM: EAGLE-3 with mask_hidden and pard_token;
-speculators: peagle), DFlash (the z-lab layout of vLLM and SGLang; speculators' dflash) and DSpark (speculators' dspark).
+speculators: peagle), DFlash (the z-lab layout of vLLM and SGLang; speculators' dflash) and DSpark (speculators'
+dspark).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
 speculators pins its own transformers and torch, so it cannot share the main environment; this script imports nothing
 of draftheads. For each folder it loads the model class of its speculators_model_type (eagle3: Eagle3DraftModel,
 peagle: PEagleDraftModel, dflash: DFlashDraftModel, dspark: DSparkDraftModel, mtp: MTPDraftModel) with
-`from_pretrained` (which fills every weight it did not find with NaN), then checks that every floating-point parameter is finite and every tensor of the
+`from_pretrained` (which fills every weight it did not find with NaN), then checks that every floating-point parameter
+is finite and every tensor of the
 folder's model.safetensors equals the loaded model's. It prints one JSON object per folder: {"folder", "ok",
 "problems"}.
 """
