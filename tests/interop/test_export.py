@@ -63,15 +63,16 @@ ALLOWED = {
     # the z-lab layout: Qwen3-style layers of the target's sizes, where the engine's class for the target gives its
     # hidden states (SGLang's Qwen2 and Gemma 1 classes do not); SGLang drafts over the whole vocabulary (the target
     # lm_head's rows are the weights either way)
-    "dflash": {f: ("vllm", "sglang", "speculators") if f in ("llama", "mistral", "qwen3") else ("vllm", "speculators")
-               for f in FAMILIES},
-    "dflash-vocab": {f: ("vllm", "sglang", "speculators") if f in ("llama", "mistral", "qwen3")
-                     else ("vllm", "speculators") for f in FAMILIES},
+    # (and llama.cpp, through its converter: interop/llama_cpp_block.py, checked by the engine tests)
+    "dflash": {f: ("vllm", "sglang", "speculators", "llama.cpp") if f in ("llama", "mistral", "qwen3")
+               else ("vllm", "speculators", "llama.cpp") for f in FAMILIES},
+    "dflash-vocab": {f: ("vllm", "sglang", "speculators", "llama.cpp") if f in ("llama", "mistral", "qwen3")
+                     else ("vllm", "speculators", "llama.cpp") for f in FAMILIES},
     # EAGLE-3's Llama layer with a mask vector: vLLM (parallel_drafting) and speculators; SGLang has no P-EAGLE
     "peagle": {f: ("vllm", "speculators") for f in FAMILIES},
-    # DFlash's folder with the Markov and confidence heads: speculators so far (vLLM's dspark method, SGLang and
-    # llama.cpp's draft-dspark are not written yet)
-    "dspark": {f: ("speculators",) for f in FAMILIES},
+    # DFlash's folder with the Markov and confidence heads: speculators, and llama.cpp through its converter (vLLM's
+    # dspark method and SGLang are not written yet)
+    "dspark": {f: ("speculators", "llama.cpp") for f in FAMILIES},
 }
 ENGINE_FORMATS = ("vllm", "sglang", "tgi", "speculators", "deepseek-mtp", "llama.cpp")
 

@@ -200,7 +200,7 @@ def test_other_drafters_are_refused_naming_what_llama_cpp_runs(kind, cfg, tokeni
     with pytest.raises(DraftheadsError) as err:
         export_drafter(native, "llama.cpp", tmp_path / "out", target=target)
     assert "\n" not in str(err.value) and "llama.cpp has no loader" in str(err.value)
-    assert "it loads EAGLE-3 drafters only" in str(err.value)
+    assert "it loads DFlash, DSpark, EAGLE-3 drafters only" in str(err.value)
 
 
 def test_a_rope_scaling_llama_cpp_has_no_eagle3_path_for_is_refused(tokenizer, tmp_path):
