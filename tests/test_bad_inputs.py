@@ -271,7 +271,7 @@ CASES = [
     Case("export-missing-target", [*EXPORT[:2], "--target", "{c}/nope", "--format", "vllm", "--out", "{c}/out"],
          "does not exist"),
     Case("export-medusa-to-llama-cpp", [*EXPORT, "--format", "llama.cpp", "--out", "{c}/out"],
-         "it loads EAGLE-3 drafters only"),
+         "it loads DFlash, DSpark, EAGLE-3 drafters only"),
     # training
     Case("train-changed-settings", [*TRAIN, "train.lr=0.01", "train.seed=5"], "trained with other settings",
          unfinished_run),
