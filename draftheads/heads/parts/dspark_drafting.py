@@ -30,7 +30,7 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import DynamicTreeSpec, Tree
 from draftheads.heads.parts.block_drafting import BlockDrafting, best_first
 from draftheads.heads.parts.draft_tree import (Sampling, child_distribution, choose_children, draft_static,
-                                               forest_to_tree, single_root)
+                                               forest_to_tree, node_depth, single_root)
 
 
 @dataclass(frozen=True)
@@ -81,23 +81,13 @@ class DSparkDrafting(BlockDrafting):
             return Proposal(tree, tokens.to(self.root_token.device), None)
 
         def expand(nodes: list[int], parents: list[int], tokens: torch.Tensor) -> torch.Tensor:
-            return model.markov_logits(base[:, node_depths(parents, nodes)], tokens[:, nodes])
+            return model.markov_logits(base[:, [node_depth(parents, node) for node in nodes]], tokens[:, nodes])
 
         tree = tree.compacted() if sampling.sampled else tree
         tokens, q = draft_static(tree, self.root_token, expand, sampling, model.vocab)
         if tree.is_chain and model.verify_costs is not None and tree.depth > 0:
             tree, tokens, q = scheduled_chain(model, hidden, tokens, q)
         return Proposal(tree, tokens, q)
-
-
-def node_depths(parents: list[int], nodes: list[int]) -> list[int]:
-    out = []
-    for node in nodes:
-        depth = 0
-        while node > 0:
-            node, depth = parents[node], depth + 1
-        out.append(depth)
-    return out
 
 
 def markov_candidates(model, base: torch.Tensor, top_k: int, sampling: Sampling):
