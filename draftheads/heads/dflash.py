@@ -41,6 +41,7 @@ from draftheads.heads.parts.common import batch_features, bind_frozen, resolve_m
 from draftheads.heads.parts.draft_vocab import check_draft_vocab, vocabulary
 from draftheads.heads.parts.files import WeightsOnly
 from draftheads.heads.parts.layers import bind_parts
+from draftheads.heads.parts.objective import Objective, check_depth_weights
 from draftheads.heads.parts.protocol import drafting_methods, new_for_target, one_param_group
 
 MAX_BLOCK = 32
@@ -66,6 +67,9 @@ class DFlashConfig:
     loss: Literal["ce", "kd"] = doc("ce", "ce: cross-entropy on the target's tokens; kd: on its distributions "
                                           "(caches the target's last hidden state too)")
     default_tree: str | None = doc(None, "tree used when the caller gives none (default chain:block_size-1)")
+    init: Literal["random", "target_layer"] = doc("random", "a new drafter's weights: random, or target_layer (its "
+                                                           "draft layers copied from the target's last layers, its "
+                                                           "fusion the identity on the highest features)")
     init_from: str | None = doc(None, "start from an existing drafter (native layout)")
 
     def __post_init__(self):
@@ -140,6 +144,14 @@ class DFlashDrafter(nn.Module):
         self.reset()
 
     from_target = classmethod(new_for_target)  # the protocol's one-liners: heads/parts/protocol.py
+
+    def draft_layers(self) -> list[nn.Module]:
+        """The block layers head.init: target_layer copies the target's last layers into."""
+        return list(self.layers)
+
+    def fusion_inputs(self) -> list[tuple[nn.Linear, int]]:
+        """fc and where the highest target layer's columns start (head.init: target_layer)."""
+        return [(self.fc, (len(self.config.target_layers) - 1) * self.hidden_size)]
 
     def reads_target_output(self) -> bool:
         """Whether training reads the target's last hidden state too (its distributions: KD)."""
@@ -220,6 +232,15 @@ class DFlashDrafter(nn.Module):
         labels, counted = block_labels(batch, anchor, valid, self.config.block_size)
         final = features[..., -self.hidden_size:] if self.config.loss == "kd" else None
         return block_loss(self, out, anchor, labels, counted, final)
+
+    def set_objective(self, objective: Objective) -> None:
+        """train.depth_weights over the B - 1 drafted slots; a train.loss other than ce reads the target's
+        distribution, which head.loss: kd makes training read."""
+        check_depth_weights(objective.depth_weights, self.config.block_size - 1)
+        if objective.loss not in (None, "ce") and self.config.loss != "kd":
+            raise DraftheadsError(f"train.loss {objective.loss} compares with the target's distribution, which DFlash "
+                                  "reads with head.loss: kd; set head.loss: kd or train.loss: ce")
+        self.objective = objective
 
     def anchored_blocks(self, batch: dict):
         """(features [b, s, F], anchor [b, A], valid [b, A], out [b, A, B, H]): up to `anchors` blocks per row, drawn

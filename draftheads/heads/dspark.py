@@ -26,6 +26,7 @@ from typing import Literal
 import torch
 
 from draftheads.core.config import check, doc
+from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import parse_tree
 from draftheads.heads.dflash import MAX_BLOCK, DFlashDrafter, default_target_layers
 from draftheads.heads.parts.block_training import default_gamma
@@ -34,6 +35,7 @@ from draftheads.heads.parts.draft_vocab import check_draft_vocab
 from draftheads.heads.parts.dspark_drafting import DSparkDrafting, VerifyCosts
 from draftheads.heads.parts.dspark_training import dspark_labels, dspark_loss
 from draftheads.heads.parts.markov_head import ConfidenceHead, MarkovHead
+from draftheads.heads.parts.objective import HEAD_OWN, Objective
 from draftheads.heads.parts.protocol import drafting_methods
 
 
@@ -66,6 +68,9 @@ class DSparkConfig:
                                                      "its confidence no longer pays for the verify time measured on "
                                                      "this machine (draftheads eval prices it from the cost profile)")
     default_tree: str | None = doc(None, "tree used when the caller gives none (default chain:block_size)")
+    init: Literal["random", "target_layer"] = doc("random", "a new drafter's weights: random, or target_layer (its "
+                                                           "draft layers copied from the target's last layers, its "
+                                                           "fusion the identity on the highest features)")
     init_from: str | None = doc(None, "start from an existing drafter (native layout)")
 
     def __post_init__(self):
@@ -161,5 +166,13 @@ class DSparkDrafter(DFlashDrafter):
         features, anchor, valid, out = self.anchored_blocks(batch)
         labels, counted, prev = dspark_labels(batch, anchor, valid, self.config.block_size)
         return dspark_loss(self, out, anchor, labels, counted, prev, features[..., -self.hidden_size:])
+
+    def set_objective(self, objective: Objective) -> None:
+        """DSpark trains with DeepSpec's own mix (head.ce_weight, l1_weight, confidence_weight, gamma)."""
+        if objective != HEAD_OWN:
+            raise DraftheadsError("DSpark trains with its own CE + L1 + confidence mix, weighted by head.gamma; leave "
+                                  "train.loss and train.depth_weights unset and set head.ce_weight / l1_weight / "
+                                  "confidence_weight / gamma instead")
+        self.objective = objective
 
     reset, observe, propose = drafting_methods(DSparkDrafting)

@@ -51,6 +51,9 @@ class EagleConfig:
                                           "noisier token loss for speed")
     default_tree: str = doc("dynamic:8,6,48",
                             "tree used when the caller gives none (chain:K, dynamic:TOPK,DEPTH,TOTAL)")
+    init: Literal["random", "target_layer"] = doc("random", "a new drafter's weights: random, or target_layer (its "
+                                                           "draft layers copied from the target's last layers, its "
+                                                           "fusion the identity on the highest features)")
     init_from: str | None = doc(None, "start from an existing drafter (native or an engine/public layout)")
 
     def __post_init__(self):
@@ -104,6 +107,14 @@ class EagleDrafter(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
+    def draft_layers(self) -> list[nn.Module]:
+        """The decoder layer head.init: target_layer copies the target's last layer into."""
+        return [self.layer]
+
+    def fusion_inputs(self) -> list[tuple[nn.Linear, int]]:
+        """fc over [emb; feature] and where the feature's columns start (head.init: target_layer)."""
+        return [(self.fc, self.hidden_size)]
+
     # ---- the two ends of the layer (heads/parts/draft_layer.py) ------------------------------
 
     def initial_carry(self, features: torch.Tensor) -> torch.Tensor:
@@ -143,6 +154,7 @@ class EagleDrafter(nn.Module):
     # ---- training (core/drafter.py: TrainableDrafter) -------------------------------------------
 
     training_loss = draft_layer.training_loss  # the training-time test and its loss
+    set_objective = draft_layer.set_objective  # train.loss / train.depth_weights (heads/parts/objective.py)
     param_groups = one_param_group
 
     def set_draft_vocab(self, token_counts: torch.Tensor) -> None:

@@ -51,6 +51,9 @@ class Eagle3Config:
                                           "vocabulary-sized token loss; < 1 trades a noisier loss for speed")
     default_tree: str = doc("dynamic:8,6,48",
                             "tree used when the caller gives none (chain:K, dynamic:TOPK,DEPTH,TOTAL)")
+    init: Literal["random", "target_layer"] = doc("random", "a new drafter's weights: random, or target_layer (its "
+                                                           "draft layers copied from the target's last layers, its "
+                                                           "fusion the identity on the highest features)")
     init_from: str | None = doc(None, "start from an existing drafter (native or an engine/public layout)")
     draft_layer: Literal["llama", "target"] | None = doc(None, "the draft layer's class: 'llama' (the default: what "
                                                                "SGLang, vLLM, llama.cpp and speculators load for any "
@@ -152,6 +155,14 @@ class Eagle3Drafter(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
+    def draft_layers(self) -> list[nn.Module]:
+        """The decoder layer head.init: target_layer copies the target's last layer into."""
+        return [self.layer]
+
+    def fusion_inputs(self) -> list[tuple[nn.Linear, int]]:
+        """fc and where the highest fused layer's columns start (head.init: target_layer passes them through)."""
+        return [(self.fc, 2 * self.hidden_size)]
+
     # ---- the two ends of the layer (heads/parts/draft_layer.py) ------------------------------
 
     def initial_carry(self, features: torch.Tensor) -> torch.Tensor:
@@ -191,6 +202,7 @@ class Eagle3Drafter(nn.Module):
     # ---- training (core/drafter.py: TrainableDrafter) -------------------------------------------
 
     training_loss = draft_layer.training_loss  # the training-time test and its loss
+    set_objective = draft_layer.set_objective  # train.loss / train.depth_weights (heads/parts/objective.py)
     param_groups = one_param_group
 
     @torch.no_grad()

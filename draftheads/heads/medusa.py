@@ -21,10 +21,11 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.sampling import drawable, pick_children, warp_probs
 from draftheads.core.target_dims import target_dims
 from draftheads.core.tree import DynamicTreeSpec, Tree
-from draftheads.heads.parts.common import (DepthMetrics, TargetDistribution, batch_features, bind_frozen, masked_ce,
-                                           mean_loss)
+from draftheads.heads.parts.common import DepthMetrics, TargetDistribution, batch_features, bind_frozen, masked_ce
 from draftheads.heads.parts.draft_vocab import check_draft_vocab, vocabulary
 from draftheads.heads.parts.files import WeightsOnly
+from draftheads.heads.parts.objective import (Objective, check_depth_weights, depth_weights, objective_of,
+                                              per_depth_mean)
 from draftheads.heads.parts.protocol import new_for_target, one_param_group
 
 MAX_HEADS = 10
@@ -200,16 +201,28 @@ class MedusaDrafter(nn.Module):
         return self.heads_loss(batch_features(batch, self.dtype), batch)
 
     def heads_loss(self, hidden: torch.Tensor, batch: dict) -> tuple[torch.Tensor, dict]:
-        """hidden [b, s, H] -> (weighted loss, per-head metrics). Head k predicts shift k + 2."""
+        """hidden [b, s, H] -> (weighted loss, per-head metrics). Head k predicts shift k + 2; its loss is the
+        recipe's (by default CE, or soft CE with head.soft_labels), weighted loss_decay^k unless train.depth_weights
+        says otherwise."""
         metrics = DepthMetrics(self.config.num_heads, hidden.device)
-        loss = hidden.new_zeros((), dtype=torch.float32)
-        soft = TargetDistribution(hidden, batch, self.target_logits) if self.config.soft_labels else None
+        objective = objective_of(self)
+        kind = objective.loss_for("kl" if self.config.soft_labels else "ce")
+        soft = TargetDistribution(hidden, batch, self.target_logits) if kind != "ce" else None
+        sums, totals = [], []
         for k in range(self.config.num_heads):
             loss_sum, correct, total = masked_ce(hidden, batch, k + 2, lambda rows, k=k: self.head_logits(k, rows),
-                                                 self.vocab, soft)
+                                                 self.vocab, soft, kind)
             metrics.add(k, loss_sum, correct, total)
-            loss = loss + self.config.loss_decay**k * mean_loss(loss_sum, total)
-        return loss, metrics.as_dict()
+            sums.append(loss_sum)
+            totals.append(total)
+        own = [self.config.loss_decay**k for k in range(self.config.num_heads)]
+        weights = depth_weights(objective, own, metrics.correct, metrics.total)
+        return per_depth_mean(weights, sums, totals), metrics.as_dict()
+
+    def set_objective(self, objective: Objective) -> None:
+        """Any train.loss (it replaces head.soft_labels' choice); train.depth_weights over the heads."""
+        check_depth_weights(objective.depth_weights, self.config.num_heads)
+        self.objective = objective
 
     def target_logits(self, features: torch.Tensor) -> torch.Tensor:
         """The target's own logits from its final features [..., H], over the heads' columns (fp32)."""

@@ -182,6 +182,11 @@ class Medusa2Drafter(nn.Module):
         metrics["target_total"] = torch.tensor([total], device=hidden.device)
         return loss, metrics
 
+    def set_objective(self, objective) -> None:
+        """train.loss and train.depth_weights apply to the heads (the target's own loss is head.target_loss)."""
+        self.medusa.set_objective(objective)
+        self.objective = objective
+
     def _adapted_hidden(self, batch: dict) -> torch.Tensor:
         """[b, s, H] last hidden state (after the final norm) of the adapted target."""
         decoder = self.adapted_target().get_base_model().get_decoder()

@@ -22,8 +22,7 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims
 from draftheads.core.target_family import layer_rotary, norm_eps
 from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
-from draftheads.heads.parts.common import (DepthMetrics, TargetDistribution, batch_features, bind_frozen, masked_ce,
-                                           mean_loss)
+from draftheads.heads.parts.common import DepthMetrics, TargetDistribution, batch_features, bind_frozen, masked_ce
 from draftheads.heads.parts.draft_tree import Sampling, draft_dynamic, draft_static, lineage, node_depth
 from draftheads.heads.parts.draft_vocab import check_draft_vocab, vocabulary
 from draftheads.heads.parts.files import WeightsOnly
@@ -37,6 +36,8 @@ from draftheads.heads.parts.layers import (
     run_layer,
     tree_visible,
 )
+from draftheads.heads.parts.objective import (Objective, check_depth_weights, depth_weights, objective_of,
+                                              per_depth_mean)
 from draftheads.heads.parts.protocol import new_for_target, one_param_group
 
 MAX_DEPTH = 8
@@ -55,6 +56,9 @@ class MTPConfig:
                                              "through the target lm_head's rows for them (default: the full "
                                              "vocabulary); several times cheaper draft steps")
     default_tree: str | None = doc(None, "tree used when the caller gives none (default chain:depth)")
+    init: Literal["random", "target_layer"] = doc("random", "a new drafter's weights: random, or target_layer (its "
+                                                           "draft layers copied from the target's last layers, its "
+                                                           "fusion the identity on the highest features)")
     init_from: str | None = doc(None, "start from an existing drafter (native or an engine/public layout)")
 
     def __post_init__(self):
@@ -181,6 +185,16 @@ class MTPDrafter(nn.Module):
             raise DraftheadsError("the drafter is not bound to a target; call drafter.bind(target) first")
         return self.vocab.project(self._lm_head, features)
 
+    modules_follow_the_last_layer = True  # head.init: target_layer copies the target's last layer into every module
+
+    def draft_layers(self) -> list[nn.Module]:
+        """Each module's decoder layer, for head.init: target_layer."""
+        return [block.layer for block in self.blocks]
+
+    def fusion_inputs(self) -> list[tuple[nn.Linear, int]]:
+        """Each module's proj over its normed [emb; h] (or [h; emb]) and where h's columns start."""
+        return [(block.proj, self.hidden_size if self.structure.embedding_first else 0) for block in self.blocks]
+
     # ---- training -----------------------------------------------------------------------------
 
     def forward_modules(self, h0: torch.Tensor, input_ids: torch.Tensor, position_ids=None) -> list[torch.Tensor]:
@@ -201,18 +215,27 @@ class MTPDrafter(nn.Module):
         return outs
 
     def training_loss(self, batch: dict) -> tuple[torch.Tensor, dict]:
-        """Σ_k w_k · CE(module k's prediction of x_{t+k+1}); metrics per module."""
+        """Σ_k w_k · loss of module k's prediction of x_{t+k+1} (the recipe's token loss: by default CE, or soft CE
+        with head.soft_labels); metrics per module."""
         h0 = batch_features(batch, self.dtype)[..., -self.hidden_size :]
-        weights = self.config.step_loss_weights()
         metrics = DepthMetrics(self.config.depth, h0.device)
-        loss = h0.new_zeros(())
-        soft = TargetDistribution(h0, batch, self.target_logits) if self.config.soft_labels else None
+        objective = objective_of(self)
+        kind = objective.loss_for("kl" if self.config.soft_labels else "ce")
+        soft = TargetDistribution(h0, batch, self.target_logits) if kind != "ce" else None
+        sums, totals = [], []
         for k, hidden in enumerate(self.forward_modules(h0, batch["input_ids"], batch.get("position_ids")), start=1):
             logits = functools.partial(self._logits, k=k)
-            loss_sum, correct, total = masked_ce(hidden, batch, k + 1, logits, self.vocab, soft)
+            loss_sum, correct, total = masked_ce(hidden, batch, k + 1, logits, self.vocab, soft, kind)
             metrics.add(k - 1, loss_sum, correct, total)
-            loss = loss + weights[k - 1] * mean_loss(loss_sum, total)
-        return loss, metrics.as_dict()
+            sums.append(loss_sum)
+            totals.append(total)
+        weights = depth_weights(objective, self.config.step_loss_weights(), metrics.correct, metrics.total)
+        return per_depth_mean(weights, sums, totals), metrics.as_dict()
+
+    def set_objective(self, objective: Objective) -> None:
+        """Any train.loss (it replaces head.soft_labels' choice); train.depth_weights over the modules."""
+        check_depth_weights(objective.depth_weights, self.config.depth)
+        self.objective = objective
 
     param_groups = one_param_group
 

@@ -26,6 +26,8 @@ from draftheads.data.datastore import COLUMNS, check_mode, load_rows, read_meta
 from draftheads.data.hardware import check_cpu_launch, resolve_device, resolve_dtype
 from draftheads.data.target import load_target, load_target_config
 from draftheads.heads.factory import bound_drafter, drafter_class, new_drafter
+from draftheads.heads.parts.objective import attach_objective
+from draftheads.heads.parts.target_init import init_from_target
 from draftheads.interop.assistant_folder import shipped_assistant
 from draftheads.interop.load import load_drafter
 from draftheads.interop.shipped_mtp import shipped_drafter
@@ -167,6 +169,7 @@ def setup(recipe, accelerator, target=None, drafter=None) -> Run:
     set_seed(cfg.seed)  # the drafter's initial weights depend on the seed only
     if drafter is None:
         drafter = initial_drafter(recipe, model, rows, train_idx)
+    attach_objective(drafter, cfg.loss, cfg.depth_weights)  # train.loss / train.depth_weights, or refused here
     drafter.to(device=accelerator.device, dtype=torch.float32)  # fp32 master weights; autocast does bf16/fp16
     rowset = make_rowset(recipe, accelerator, model, drafter, rows, lengths)
     optimizer = make_optimizer(drafter, cfg)
@@ -273,6 +276,12 @@ def initial_drafter(recipe, model, rows, train_idx):
     # the drafter the target ships (its checkpoint's MTP layers, Gemma 4's assistant folder), as shipped
     shipped = {"native": shipped_drafter, "assistant": shipped_assistant}.get(head.type)
     drafter = shipped(model, head) if shipped else bound_drafter(head, model)
+    if getattr(head, "init", "random") == "target_layer":
+        left = init_from_target(drafter, model)
+        if left:
+            PartialState().print(f"draftheads: head.init: target_layer left {len(left)} draft-layer tensors with no "
+                                 f"counterpart in the target at their fresh init ({', '.join(left[:4])}"
+                                 f"{', ...' if len(left) > 4 else ''})")
     vocab = recipe.derived["vocab_size"]
     if recipe.train.draft_vocab_from:
         if not drafter.vocab.restricted:

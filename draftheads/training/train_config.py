@@ -31,6 +31,12 @@ class TrainConfig:
                                        "each other")
     pack: bool = doc(False, "pack whole rows into sequences of up to max_length tokens (first-fit-decreasing; "
                             "batch_size then counts sequences): no padding, and rows still never see each other")
+    loss: Literal["kl", "ce", "rkl", "jsd", "tv", "lk_alpha", "lk_lambda"] | None = doc(
+        None, "the token loss against the target (heads/parts/objective.py): kl (soft CE on its distribution), ce (on "
+              "its token), rkl, jsd, tv, lk_alpha or lk_lambda (LK losses, arXiv 2602.23881); default: the head's own")
+    depth_weights: Literal["uniform", "fastmtp", "dflash", "reach"] | list[float] | None = doc(
+        None, "weights of the drafted depths: uniform, fastmtp (0.6^k), dflash (exp(-k/gamma)), reach (by the chance "
+              "each depth is reached) or one weight per depth, scaled to the head's own sum; default: the head's own")
     lr: float = doc(3e-4, "AdamW learning rate")
     weight_decay: float = doc(0.0, "AdamW weight decay")
     betas: list[float] = doc([0.9, 0.95], "AdamW betas")
@@ -67,5 +73,8 @@ class TrainConfig:
               f"train.betas must be two numbers in [0, 1), got {self.betas}")
         check(self.feature_cache_max_gb is None or self.feature_cache_max_gb >= 0,
               f"train.feature_cache_max_gb must be >= 0, got {self.feature_cache_max_gb}")
+        check(not isinstance(self.depth_weights, list) or (
+              len(self.depth_weights) > 0 and min(self.depth_weights) >= 0 and sum(self.depth_weights) > 0),
+              f"train.depth_weights must be weights >= 0, not all 0, got {self.depth_weights}")
         check(self.time_budget_minutes is None or self.time_budget_minutes > 0,
               "train.time_budget_minutes must be positive")

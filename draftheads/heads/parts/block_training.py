@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from draftheads.heads.parts.common import DepthMetrics
-from draftheads.heads.parts.draft_vocab import IGNORE
+from draftheads.heads.parts.objective import depth_weights, objective_of, pooled_mean, token_loss
 
 EVAL_SEED = 0  # anchors drawn in eval mode: the same every call
 
@@ -107,35 +107,34 @@ def block_loss(model, out: torch.Tensor, anchor: torch.Tensor, labels: torch.Ten
                counted: torch.Tensor, final_features: torch.Tensor | None):
     """Σ_k w_k · loss at slot k / Σ_k w_k · count at slot k (a weighted mean over every counted slot), and per-slot
     metrics. out [b, A, B, H] is the drafter's output; with `final_features` (the target's last hidden state
-    [b, s, H]) the loss is cross-entropy against the target's distribution of x_{a+k} (KD), else against x_{a+k}."""
+    [b, s, H]) the default loss is cross-entropy against the target's distribution of x_{a+k} (KD), else against
+    x_{a+k}; train.loss (which needs those features, unless ce) and train.depth_weights replace them."""
     block_size = out.shape[2]
-    weights = slot_weights(block_size, model.config.gamma, out.device)
+    objective = objective_of(model)
+    kind = objective.loss_for("kl" if final_features is not None else "ce")
     metrics = DepthMetrics(block_size - 1, out.device)
-    weighted = out.new_zeros((), dtype=torch.float32)
-    weight_total = 0.0
+    sums = [out.sum() * 0.0] * (block_size - 1)  # an empty slot keeps every parameter in the graph (DDP)
+    totals = [0] * (block_size - 1)
     for k in range(1, block_size):
         mask = counted[:, :, k]
         total = int(mask.sum())
         if total == 0:
-            weighted = weighted + out.sum() * 0.0  # keeps every parameter in the graph (DDP)
             continue
         logits = model.draft_logits(out[:, :, k][mask])
         target = labels[:, :, k][mask]
-        if final_features is not None:
+        target_log_p = None
+        if kind != "ce":
             rows, blocks = torch.nonzero(mask, as_tuple=True)
             before = anchor[rows, blocks] + k - 1  # the target predicts x_{a+k} from its feature at a+k-1
             with torch.no_grad():
-                probs = model.target_logits(final_features[rows, before]).softmax(-1)
-            loss_sum = -(probs * logits.log_softmax(-1)).sum()
-        else:
-            loss_sum = torch.nn.functional.cross_entropy(logits, model.vocab.labels(target), ignore_index=IGNORE,
-                                                         reduction="sum")
+                target_log_p = model.target_logits(final_features[rows, before]).float().log_softmax(-1)
+        sums[k - 1] = sums[k - 1] + token_loss(kind, logits, target_log_p, model.vocab.labels(target)).sum()
+        totals[k - 1] = total
         guess = model.vocab.to_target(logits.argmax(-1))
-        metrics.add(k - 1, loss_sum, (guess == target).sum(), total)
-        weighted = weighted + float(weights[k - 1]) * loss_sum
-        weight_total += float(weights[k - 1]) * total
-    loss = weighted / max(weight_total, 1.0)
-    return loss, metrics.as_dict()
+        metrics.add(k - 1, sums[k - 1], (guess == target).sum(), total)
+    own = slot_weights(block_size, model.config.gamma).tolist()
+    weights = depth_weights(objective, own, metrics.correct, metrics.total)
+    return pooled_mean(weights, sums, totals), metrics.as_dict()
 
 
 def default_gamma(block_size: int) -> float:

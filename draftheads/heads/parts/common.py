@@ -11,12 +11,12 @@ from __future__ import annotations
 import sys
 
 import torch
-import torch.nn.functional as F
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from draftheads.core.config import check
 from draftheads.core.errors import DraftheadsError
-from draftheads.heads.parts.draft_vocab import FULL, IGNORE
+from draftheads.heads.parts.draft_vocab import FULL
+from draftheads.heads.parts.objective import token_loss
 
 
 def decoder_layer_class(target_config) -> type:
@@ -92,28 +92,29 @@ class TargetDistribution:
         counted = batch.get("loss_mask", batch["attention_mask"]).bool()
         predicts = attention[:, :-1] & counted[:, 1:]  # [b, s-1]: the token after p counts
         with torch.no_grad():
-            self.probs = target_logits(features[:, :-1][predicts]).float().softmax(-1)  # [m, V]
+            self.log_probs = target_logits(features[:, :-1][predicts]).float().log_softmax(-1)  # [m, V]
         self.row = torch.full(predicts.shape, -1, dtype=torch.long, device=predicts.device)
         self.row[predicts] = torch.arange(int(predicts.sum()), device=predicts.device)
 
     def at(self, mask: torch.Tensor, shift: int) -> torch.Tensor:
-        """[n, V]: the target's distribution of x_{t+shift} for each t of shift_mask(batch, shift)."""
+        """[n, V]: the target's log-distribution of x_{t+shift} for each t of shift_mask(batch, shift)."""
         rows = self.row[:, shift - 1 : shift - 1 + mask.shape[1]][mask]
         if (rows < 0).any():  # shift_mask keeps x_{t+shift-1} inside the same sample, so this is a bug
             raise DraftheadsError(f"soft labels: no target distribution for some counted positions at shift {shift}")
-        return self.probs[rows]
+        return self.log_probs[rows]
 
 
 def masked_ce(hidden: torch.Tensor, batch: dict, shift: int, project, vocab=FULL,
-              soft: TargetDistribution | None = None):
-    """Cross-entropy of predicting x_{t+shift} from hidden[:, t], only on counted positions.
+              soft: TargetDistribution | None = None, kind: str | None = None):
+    """The token loss (`kind`, heads/parts/objective.py; default soft CE with `soft`, else CE) of predicting
+    x_{t+shift} from hidden[:, t], only on counted positions.
 
     hidden [b, s, H] -> project (e.g. lm_head) is applied only to the counted rows, so the
     [n, V] logits never cover padding or prompt positions. With a draft vocabulary (`vocab`, see
     heads/parts/draft_vocab.py) project gives [n, Vd]; labels outside it add no loss but count as misses.
     With `soft` the loss is cross-entropy against the target's distribution of x_{t+shift} over
-    the same columns (it says how close the runners-up were, which one sampled token cannot);
-    top-1 hits still count against the token. Returns (loss_sum, correct, total).
+    the same columns (it says how close the runners-up were, which one sampled token cannot), and every
+    distribution loss needs it; top-1 hits still count against the token. Returns (loss_sum, correct, total).
     """
     mask = shift_mask(batch, shift)
     rows = hidden[:, : mask.shape[1]][mask]  # [n, H]
@@ -121,10 +122,11 @@ def masked_ce(hidden: torch.Tensor, batch: dict, shift: int, project, vocab=FULL
     if labels.numel() == 0:
         return hidden.sum() * 0.0, 0, 0  # keeps the graph (DDP needs every parameter used)
     logits = project(rows).float()
-    if soft is not None:
-        loss_sum = -(soft.at(mask, shift) * logits.log_softmax(-1)).sum()
-    else:
-        loss_sum = F.cross_entropy(logits, vocab.labels(labels), ignore_index=IGNORE, reduction="sum")
+    kind = kind or ("kl" if soft is not None else "ce")
+    if kind != "ce" and soft is None:
+        raise DraftheadsError(f"the {kind} loss needs the target's distribution (soft labels); this is a bug")
+    target_log_p = soft.at(mask, shift) if kind != "ce" else None
+    loss_sum = token_loss(kind, logits, target_log_p, vocab.labels(labels)).sum()
     guess = vocab.to_target(logits.argmax(-1))
     return loss_sum, (guess == labels).sum(), labels.numel()
 

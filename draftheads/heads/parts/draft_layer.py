@@ -8,8 +8,8 @@ logits (`draft_logits`), plus what a position's loss adds to the token loss (`po
 feature regression); this module runs the rest:
 
 - training: the training-time test (`unroll`: step j feeds step j-1's outputs back in and attends
-  to exactly the keys depth-(j+1) drafting would see) and its loss (`training_loss`): per step, soft
-  CE against the target's distribution of x_{p+2}, weighted ttt_decay^j;
+  to exactly the keys depth-(j+1) drafting would see) and its loss (`training_loss`): per step, the recipe's token
+  loss (soft CE against the target's distribution of x_{p+2} by default), weighted ttt_decay^j by default;
 - drafting: `LayerDrafting`, the layer's KV cache over the committed positions and the static or
   EAGLE-2 dynamic trees grown on top of it, one depth per layer call.
 """
@@ -23,9 +23,11 @@ import torch
 from draftheads.core.config import check
 from draftheads.core.drafter import DraftLayer, Proposal
 from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
-from draftheads.heads.parts.common import DepthMetrics, batch_features, mean_loss, shift_mask
+from draftheads.heads.parts.common import DepthMetrics, batch_features, shift_mask
 from draftheads.heads.parts.draft_tree import Sampling, draft_dynamic, draft_static, node_depth
 from draftheads.heads.parts.layers import KVCache, causal_visible, tree_visible, ttt_visible
+from draftheads.heads.parts.objective import (Objective, check_depth_weights, depth_weights, objective_of,
+                                              per_depth_mean, token_loss)
 
 MAX_TTT_STEPS = 16
 
@@ -47,15 +49,25 @@ def check_unroll(config) -> None:
 
 
 def training_loss(model: DraftLayer, batch: dict) -> tuple[torch.Tensor, dict]:
-    """Σ_j ttt_decay^j · mean loss of unroll step j (step j drafts depth j+1); metrics per step."""
+    """Σ_j w_j · mean loss of unroll step j (step j drafts depth j+1; w_j = ttt_decay^j unless train.depth_weights
+    says otherwise); metrics per step."""
     features = batch_features(batch, model.dtype)
     metrics = DepthMetrics(model.config.ttt_steps, features.device)
-    loss = features.new_zeros(())
+    sums, totals = [], []
     for step, out in enumerate(unroll(model, features, batch["input_ids"], batch.get("position_ids"))):
         loss_sum, correct, total = step_loss(model, out, features, batch, step)
         metrics.add(step, loss_sum, correct, total)
-        loss = loss + model.config.ttt_decay**step * mean_loss(loss_sum, total)
-    return loss, metrics.as_dict()
+        sums.append(loss_sum)
+        totals.append(total)
+    own = [model.config.ttt_decay**step for step in range(len(sums))]
+    weights = depth_weights(objective_of(model), own, metrics.correct, metrics.total)
+    return per_depth_mean(weights, sums, totals), metrics.as_dict()
+
+
+def set_objective(model: DraftLayer, objective: Objective) -> None:
+    """Any train.loss; train.depth_weights over the ttt_steps unroll steps."""
+    check_depth_weights(objective.depth_weights, model.config.ttt_steps)
+    model.objective = objective
 
 
 def unroll(model: DraftLayer, features: torch.Tensor, input_ids: torch.Tensor,
@@ -101,10 +113,11 @@ def step_loss(model: DraftLayer, out: torch.Tensor, features: torch.Tensor, batc
     target_f = features[:, step + 1 : step + 1 + span, -model.hidden_size :][mask]  # f_{p+1}
     pick = token_loss_positions(model, labels.numel(), labels.device)
     logits = model.draft_logits(rows[pick])
+    kind = objective_of(model).loss_for("kl")  # the head's own: soft CE against the target's distribution
     with torch.no_grad():
-        target_p = model.target_logits(target_f[pick]).softmax(-1)
-    token_loss = -(target_p * logits.log_softmax(-1)).sum(-1)  # soft CE vs the target's distribution
-    loss = model.position_loss(token_loss, rows, target_f)
+        target_log_p = None if kind == "ce" else model.target_logits(target_f[pick]).float().log_softmax(-1)
+    per_token = token_loss(kind, logits, target_log_p, model.vocab.labels(labels[pick]))
+    loss = model.position_loss(per_token, rows, target_f)
     guess = model.vocab.to_target(logits.argmax(-1))
     return loss.sum(), (guess == labels[pick]).sum(), guess.numel()
 

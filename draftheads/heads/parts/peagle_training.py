@@ -8,8 +8,8 @@ slot of every depth in one call over that cache.
 
 COD subsampling (as the P-EAGLE paper and speculators do): depth d keeps a share max(cod_ratio^d, cod_min) of the
 anchors, drawn among those depth d - 1 kept, so every kept slot's chain of earlier slots is there to attend to. Loss:
-soft cross-entropy against the target's distribution restricted to the draft vocabulary (EAGLE-3's), a mean over
-every trained position weighted depth_decay^d.
+the recipe's token loss (by default soft cross-entropy against the target's distribution restricted to the draft
+vocabulary, EAGLE-3's), a mean over every trained position weighted depth_decay^d (or train.depth_weights).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import torch
 
 from draftheads.heads.parts.common import DepthMetrics, batch_features, shift_mask
 from draftheads.heads.parts.layers import KVCache, causal_visible
+from draftheads.heads.parts.objective import (Objective, check_depth_weights, depth_weights, objective_of,
+                                              pooled_mean, token_loss)
 
 EVAL_SEED = 0  # slots drawn in eval mode: the same every call, so held-out figures compare
 
@@ -62,24 +64,33 @@ def parallel_forward(model, batch: dict, features: torch.Tensor):
 
 def depth_losses(model, features, input_ids, outputs) -> tuple[torch.Tensor, dict]:
     """outputs: (layer outputs [m, H], their rows [m], anchors [m], depth) per depth -> the weighted mean loss."""
-    metrics = DepthMetrics(model.config.depths, features.device)
-    weighted = features.new_zeros((), dtype=torch.float32)
-    weight_total = 0.0
+    depths = model.config.depths
+    metrics = DepthMetrics(depths, features.device)
+    objective = objective_of(model)
+    kind = objective.loss_for("kl")  # the head's own: soft CE against the target's distribution
+    sums = [model.mask_hidden.sum() * 0.0] * depths  # an empty depth keeps every parameter in the graph (DDP)
+    totals = [0] * depths
     for out, rows, anchor, d in outputs:
         if out.shape[0] == 0:
-            weighted = weighted + model.mask_hidden.sum() * 0.0  # keeps every parameter in the graph (DDP)
             continue
         labels = input_ids[rows, anchor + d + 2]
         logits = model.draft_logits(out)
         with torch.no_grad():  # the target predicts x_{a+d+2} from its last hidden state at a + d + 1
-            target_p = model.target_logits(features[rows, anchor + d + 1, -model.hidden_size:]).softmax(-1)
-        loss_sum = -(target_p * logits.log_softmax(-1)).sum()
+            target_log_p = None if kind == "ce" else model.target_logits(
+                features[rows, anchor + d + 1, -model.hidden_size:]).float().log_softmax(-1)
+        sums[d] = sums[d] + token_loss(kind, logits, target_log_p, model.vocab.labels(labels)).sum()
+        totals[d] = labels.numel()
         guess = model.vocab.to_target(logits.argmax(-1))
-        metrics.add(d, loss_sum, (guess == labels).sum(), labels.numel())
-        weight = model.config.depth_decay ** d
-        weighted = weighted + weight * loss_sum
-        weight_total += weight * labels.numel()
-    return weighted / max(weight_total, 1.0), metrics.as_dict()
+        metrics.add(d, sums[d], (guess == labels).sum(), labels.numel())
+    own = [model.config.depth_decay**d for d in range(depths)]
+    weights = depth_weights(objective, own, metrics.correct, metrics.total)
+    return pooled_mean(weights, sums, totals), metrics.as_dict()
+
+
+def parallel_set_objective(model, objective: Objective) -> None:
+    """Any train.loss; train.depth_weights over the `depths` depths."""
+    check_depth_weights(objective.depth_weights, model.config.depths)
+    model.objective = objective
 
 
 def cod_slots(batch: dict, config, training: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
