@@ -43,6 +43,10 @@ class EagleConfig:
                                              "vocabulary), making each draft step several times cheaper")
     ttt_steps: int = doc(1, "training-time test: unroll this many steps on the drafter's own outputs")
     ttt_decay: float = doc(0.8, "training-time test: step j's loss is weighted decay^j")
+    ttt_mode: Literal["teacher", "harmonised"] = doc(
+        "teacher", "training-time test: 'teacher' (every step's loss against the target's distribution, gradients "
+                   "through the unroll) or 'harmonised' (HASS: later steps read the earlier steps' outputs as given, "
+                   "without gradient, and each step's loss adds the target's top-10 tokens' distillation term)")
     feature_loss_weight: float = doc(1.0, "weight of SmoothL1(f̂, f)")
     token_loss_weight: float = doc(0.1, "weight of the token cross-entropy")
     input_noise: float = doc(0.2, "width of the uniform noise added to input features during training (0 = off)")

@@ -46,6 +46,10 @@ class Eagle3Config:
                                              "tokens (default min(32000, target vocab))")
     ttt_steps: int = doc(1, "training-time test: unroll this many steps on the drafter's own outputs")
     ttt_decay: float = doc(0.8, "training-time test: step j's loss is weighted decay^j")
+    ttt_mode: Literal["teacher", "harmonised"] = doc(
+        "teacher", "training-time test: 'teacher' (every step's loss against the target's distribution, gradients "
+                   "through the unroll) or 'harmonised' (HASS: later steps read the earlier steps' outputs as given, "
+                   "without gradient, and each step's loss adds the target's top-10 tokens' distillation term)")
     input_noise: float = doc(0.2, "width of the uniform noise added to input features during training (0 = off)")
     token_loss_fraction: float = doc(1.0, "share of positions, drawn anew each training step, that get the "
                                           "vocabulary-sized token loss; < 1 trades a noisier loss for speed")

@@ -9,7 +9,9 @@ feature regression); this module runs the rest:
 
 - training: the training-time test (`unroll`: step j feeds step j-1's outputs back in and attends
   to exactly the keys depth-(j+1) drafting would see) and its loss (`training_loss`): per step, the recipe's token
-  loss (soft CE against the target's distribution of x_{p+2} by default), weighted ttt_decay^j by default;
+  loss (soft CE against the target's distribution of x_{p+2} by default), weighted ttt_decay^j by default; with
+  head.ttt_mode: harmonised (HASS, arXiv 2408.15766) the earlier steps' outputs and keys reach later steps without
+  gradient, as given context, and each step adds the distillation term over the target's top-10 tokens;
 - drafting: `LayerDrafting`, the layer's KV cache over the committed positions and the static or
   EAGLE-2 dynamic trees grown on top of it, one depth per layer call.
 """
@@ -30,6 +32,7 @@ from draftheads.heads.parts.objective import (Objective, check_depth_weights, de
                                               per_depth_mean, token_loss)
 
 MAX_TTT_STEPS = 16
+HASS_TOP_K = 10  # HASS's top-k distillation over the target's 10 most likely tokens (its default)
 
 
 def check_unroll(config) -> None:
@@ -89,11 +92,16 @@ def unroll(model: DraftLayer, features: torch.Tensor, input_ids: torch.Tensor,
         inputs = inputs + (torch.rand_like(inputs) - 0.5) * config.input_noise
     carry = model.initial_carry(inputs)
     cache = KVCache() if config.ttt_steps > 1 else None
+    harmonised = getattr(config, "ttt_mode", "teacher") == "harmonised"
     for step in range(config.ttt_steps):
         visible = ttt_visible(step, n, segments, input_ids.device)
         out = model.forward_layer(carry, tokens, rope, visible, cache)
         yield out
         carry = torch.cat([carry[:, :1], out[:, :-1]], dim=1)  # position p continues from p - 1's output
+        if harmonised:  # HASS: later steps read what earlier ones drafted as given context, as drafting does
+            carry = carry.detach()
+            if cache is not None:
+                cache.detach()
 
 
 def step_loss(model: DraftLayer, out: torch.Tensor, features: torch.Tensor, batch: dict, step: int):
@@ -114,12 +122,23 @@ def step_loss(model: DraftLayer, out: torch.Tensor, features: torch.Tensor, batc
     pick = token_loss_positions(model, labels.numel(), labels.device)
     logits = model.draft_logits(rows[pick])
     kind = objective_of(model).loss_for("kl")  # the head's own: soft CE against the target's distribution
+    harmonised = getattr(model.config, "ttt_mode", "teacher") == "harmonised"
     with torch.no_grad():
-        target_log_p = None if kind == "ce" else model.target_logits(target_f[pick]).float().log_softmax(-1)
+        target_log_p = None if kind == "ce" and not harmonised else \
+            model.target_logits(target_f[pick]).float().log_softmax(-1)
     per_token = token_loss(kind, logits, target_log_p, model.vocab.labels(labels[pick]))
+    if harmonised:
+        per_token = per_token + top_k_distillation(logits, target_log_p)
     loss = model.position_loss(per_token, rows, target_f)
     guess = model.vocab.to_target(logits.argmax(-1))
     return loss.sum(), (guess == labels[pick]).sum(), guess.numel()
+
+
+def top_k_distillation(logits: torch.Tensor, target_log_p: torch.Tensor, k: int = HASS_TOP_K) -> torch.Tensor:
+    """[n] HASS's harmonised objective: -Σ p log q over the target's k most likely tokens, the ones a drafting tree
+    offers, so the drafter ranks them as the target does rather than spreading its fit over the tail."""
+    top = target_log_p.topk(min(k, target_log_p.shape[-1]), dim=-1)
+    return -(top.values.exp() * logits.float().log_softmax(-1).gather(-1, top.indices)).sum(-1)
 
 
 def token_loss_positions(model: DraftLayer, m: int, device) -> torch.Tensor | slice:

@@ -165,6 +165,11 @@ class KVCache:
         self.keys, self.values = keys, values
         return keys, values
 
+    def detach(self) -> None:
+        """Keep the cached keys and values but stop gradients through them (HASS's harmonised unroll)."""
+        if self.keys is not None:
+            self.keys, self.values = self.keys.detach(), self.values.detach()
+
     def truncate(self, length: int) -> None:
         if self.keys is not None:
             self.keys = self.keys[..., :length, :]

@@ -157,3 +157,24 @@ def test_objectives_a_head_cannot_train_with_are_refused_in_one_line(tiny_target
     with pytest.raises(DraftheadsError, match=message) as refused:
         attach_objective(drafter, loss, weights)
     assert "\n" not in str(refused.value)
+
+
+def test_harmonised_unroll_adds_the_top_k_term_and_stops_gradients_between_steps(tiny_target):
+    """head.ttt_mode: harmonised (HASS). Its top-k term is -Σ p log q over the target's 10 likeliest tokens (by hand
+    here), and step 1's loss no longer reaches the weights through step 0's outputs: with step 0 weighted 0, the
+    gradient of fc (which only step 0's carry reads) is zero, while the teacher unroll's is not."""
+    from draftheads.heads.parts.draft_layer import top_k_distillation
+
+    p = torch.softmax(torch.arange(12.0), -1)[None]
+    q_logits = torch.linspace(1, -1, 12)[None]
+    top = p[0].topk(10)
+    by_hand = -float((top.values * torch.log_softmax(q_logits[0], -1)[top.indices]).sum())
+    assert float(top_k_distillation(q_logits, p.log())) == pytest.approx(by_hand, rel=1e-6)
+
+    grads = {}
+    for mode in ("teacher", "harmonised"):
+        drafter = draftheads.build_drafter("eagle3", tiny_target, ttt_steps=2, ttt_mode=mode, input_noise=0.0)
+        attach_objective(drafter, None, [0.0, 1.0])
+        drafter.training_loss(make_batch(tiny_target, drafter.feature_layers))[0].backward()
+        grads[mode] = drafter.fc.weight.grad.abs().sum()
+    assert grads["harmonised"] == 0 and grads["teacher"] > 0
