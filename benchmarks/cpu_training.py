@@ -17,15 +17,16 @@ MAX_STEPS = 1_000_000   # never reached: the minutes end every run
 
 
 def train_for_minutes(name: str, head: dict, data: dict, minutes: float, runs: Path, *, target: str = "smollm2-135m",
-                      checkpoint_every: int = 100, keep_last: int = 1) -> Path:
+                      checkpoint_every: int = 100, keep_last: int = 1, train: dict | None = None) -> Path:
     """Train `head` offline on `data` (a recipe's data section) for `minutes`, constant lr after warm-up; a rerun
-    resumes the run folder runs/<name>. Evaluated and checkpointed every `checkpoint_every` steps."""
+    resumes the run folder runs/<name>. Evaluated and checkpointed every `checkpoint_every` steps. `train` adds or
+    replaces train.* settings (a loss, depth weights, a seed)."""
     recipe = recipe_from_dict({
         "name": name, "target": {"name": target, "dtype": "auto"}, "head": head, "data": data,
         "train": {"output_dir": str(runs / name), "mode": "offline", "max_steps": MAX_STEPS,
                   "time_budget_minutes": minutes, "batch_size": 16, "max_length": 512, "lr": 1e-3,
                   "warmup_steps": 20, "schedule": "constant", "max_grad_norm": 0.5, "eval_every": checkpoint_every,
-                  "save_every": checkpoint_every, "keep_last": keep_last},
+                  "save_every": checkpoint_every, "keep_last": keep_last, **(train or {})},
         "log": {"trackers": []},
     })
     return Path(run_training(recipe))

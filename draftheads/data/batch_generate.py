@@ -96,6 +96,16 @@ def length_sorted_batches(lengths: list[int], batch_size: int) -> list[list[int]
     return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
 
 
+def temperature_batches(chats: list, data) -> list[list]:
+    """Length-sorted batches of chats that share a sampling temperature (a prompt's answers may differ in it)."""
+    batches = []
+    for temperature in sorted({c.temperature for c in chats}, key=lambda t: -1.0 if t is None else t):
+        same = [c for c in chats if c.temperature == temperature]
+        batches += [[same[i] for i in batch]
+                    for batch in length_sorted_batches([len(c.input_ids) for c in same], data.batch_size)]
+    return batches
+
+
 class LocalBackend:
     """Answers chats and writes self prompts with the target in this process."""
 
@@ -116,11 +126,11 @@ class LocalBackend:
             todo = [c for c in chats if not c.done]
             if not todo:
                 return
-            for batch in length_sorted_batches([len(c.input_ids) for c in todo], data.batch_size):
-                group = [todo[i] for i in batch]
+            for group in temperature_batches(todo, data):
                 budgets = [min(data.max_new_tokens, data.max_length - len(c.input_ids)) for c in group]
+                temperature = group[0].temperature if group[0].temperature is not None else data.temperature
                 outputs = generate_batch(self.model, [c.input_ids for c in group], max_new_tokens=budgets,
-                                         stop_ids=self.stop_ids, pad_id=self.pad_id, temperature=data.temperature,
+                                         stop_ids=self.stop_ids, pad_id=self.pad_id, temperature=temperature,
                                          top_p=data.top_p, generator=generator)
                 for chat, out in zip(group, outputs):
                     add_reply(self.tokenizer, chat, out.tokens, self.stop_ids, data.max_length)

@@ -139,6 +139,8 @@ class Chat:
     stopped: str | None = None
     truncated: bool = False
     cut: int = 0  # replies that ran out of tokens before the end-of-turn token
+    sample: int = 0  # which of its prompt's data.samples_per_prompt answers this is
+    temperature: float | None = None  # its sampling temperature (None: data.temperature)
     # finished (input_ids, loss_mask) rows of earlier turns, when the template is not incremental
     earlier: list[tuple[list[int], list[int]]] = field(default_factory=list)
 

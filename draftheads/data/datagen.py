@@ -42,6 +42,7 @@ from draftheads.data.prompts import collect_prompts, read_prompts, save_prompts
 from draftheads.data.target import attach_chat_template, load_target
 
 PROMPTS = "prompts.jsonl"
+SECOND_ANSWER_TEMPERATURE = 0.8  # answers after a prompt's first, by default: inside the field's 0.7-1.0
 SELF_PARTIAL = "self_prompts.partial.jsonl"
 
 
@@ -66,6 +67,9 @@ class DataConfig:
     max_length: int = doc(1024, "longest prompt+response in tokens")
     truncate: bool = doc(False, "truncate prompts longer than max_length instead of skipping them")
     temperature: float = doc(0.0, "0 = greedy")
+    samples_per_prompt: int = doc(1, "answers the target gives each prompt (each its own training row, same prompt_id)")
+    temperatures: list[float] | None = doc(None, "one sampling temperature per answer (default: data.temperature "
+                                                 "for the first, 0.8 for the others)")
     top_p: float = doc(1.0, "nucleus sampling threshold")
     seed: int = doc(0, "sampling and mixing seed")
     batch_size: int = doc(16, "prompts generated together")
@@ -87,6 +91,12 @@ class DataConfig:
         for name in ("num_prompts", "max_new_tokens", "max_length", "batch_size", "shard_size", "concurrency"):
             check(getattr(self, name) > 0, f"data.{name} must be positive, got {getattr(self, name)}")
         check(self.temperature >= 0, f"data.temperature must be >= 0, got {self.temperature}")
+        check(self.samples_per_prompt >= 1, f"data.samples_per_prompt must be >= 1, got {self.samples_per_prompt}")
+        check(self.temperatures is None or len(self.temperatures) == self.samples_per_prompt,
+              f"data.temperatures lists {len(self.temperatures or [])} temperatures but data.samples_per_prompt is "
+              f"{self.samples_per_prompt}; give one per answer")
+        check(self.temperatures is None or min(self.temperatures) >= 0,
+              f"data.temperatures must be >= 0, got {self.temperatures}")
         check(0 < self.top_p <= 1, f"data.top_p must be in (0, 1], got {self.top_p}")
         check(self.max_retries >= 0, "data.max_retries must be >= 0")
         check(self.backend != "openai" or bool(self.openai_url),
@@ -99,6 +109,12 @@ class DataConfig:
               f"data.reasoning={self.reasoning} applies to data.backend: openai; the local backend trains on the "
               "tokens the target generates, thinking included: remove data.reasoning, or set "
               "data.chat_template_kwargs={enable_thinking: false} for answers without thinking")
+
+    def answer_temperatures(self) -> list[float]:
+        """The temperature of each of a prompt's answers."""
+        if self.temperatures is not None:
+            return list(self.temperatures)
+        return [self.temperature] + [SECOND_ANSWER_TEMPERATURE] * (self.samples_per_prompt - 1)
 
     def check_completion(self) -> None:
         """Completion mode: what needs a chat template (template variables, a chat server, prompts the target is
@@ -288,14 +304,17 @@ def plan_chats(prompts, tokenizer, data, first_id: int = 0) -> tuple[list, colle
     Prompt ids count from `first_id` (the prompts a grown folder already answered come first)."""
     chats, skipped = [], collections.Counter()
     room = min(data.max_new_tokens, data.max_length // 2)
+    temperatures = data.answer_temperatures()
     for i, prompt in enumerate(prompts, start=first_id):
         system = data.system_prompt if data.system_prompt is not None else prompt.system
-        chat = start_chat(tokenizer, i, prompt.turns, system, data.max_length, data.truncate, room)
-        if chat.stopped:
-            skipped[chat.stopped] += 1
-        else:
-            chats.append(chat)
-    chats.sort(key=lambda c: (len(c.input_ids), c.prompt_id))
+        for sample, temperature in enumerate(temperatures):  # data.samples_per_prompt answers, each its own chat
+            chat = start_chat(tokenizer, i, prompt.turns, system, data.max_length, data.truncate, room)
+            chat.sample, chat.temperature = sample, temperature
+            if not chat.stopped:
+                chats.append(chat)
+            elif sample == 0:  # skips count prompts
+                skipped[chat.stopped] += 1
+    chats.sort(key=lambda c: (len(c.input_ids), c.prompt_id, c.sample))
     return chats, skipped
 
 

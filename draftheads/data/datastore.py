@@ -45,7 +45,8 @@ TRUNCATED = "prompts truncated to fit max_length (kept)"
 # Prompt-source settings added after folders were written, with their defaults: hashed only when set otherwise, so a
 # folder written before they existed keeps its identity.
 ADDED_LATER = {"kinds": None, "passage_tokens": 512}
-DATA_ADDED_LATER = {"reasoning": "keep", "mode": "chat"}  # the same for data settings
+DATA_ADDED_LATER = {"reasoning": "keep", "mode": "chat", "samples_per_prompt": 1,  # the same for data settings
+                    "temperatures": None}
 META_FIX = "regenerate the folder with `draftheads data RECIPE --overwrite`, or delete it and rerun"
 
 

@@ -112,7 +112,9 @@ class OpenAIBackend:
         while not chat.done:
             budget = min(self.data.max_new_tokens, self.data.max_length - len(chat.input_ids))
             try:
-                reply = self.chat_completion(chat.messages, budget, seed + 7919 * chat.prompt_id + chat.answered)
+                reply = self.chat_completion(chat.messages, budget,
+                                             seed + 7919 * chat.prompt_id + 104_729 * chat.sample + chat.answered,
+                                             chat.temperature)
             except Rejected as e:
                 chat.done, chat.stopped = True, f"openai: request rejected ({e})"
                 break

@@ -523,3 +523,26 @@ def test_self_prompt_writing_resumes_from_finished_chunks(tmp_path):
     calls.clear()
     assert resumable_writer(partial, write, 4)(10, 16, 1.0, 3) == full
     assert len(calls) == 1  # only the unfinished chunk is written again
+
+
+def test_several_answers_per_prompt_one_greedy_one_sampled(tmp_path, target):
+    """data.samples_per_prompt 2 at temperatures [0, 1]: every prompt gets two rows under its prompt_id; the greedy
+    one is the row a one-answer run writes, the sampled one differs from it somewhere; a second run writes the same
+    rows (each shard is seeded, which resuming relies on)."""
+    rows = [{"prompt": u} for u in USERS]  # single-turn: one row per answer
+    source = prompt_file(tmp_path, rows)
+    single = load(datagen.run_data(make_recipe(tmp_path / "one", source), target=target))
+    recipe = make_recipe(tmp_path / "two", source, samples_per_prompt=2, temperatures=[0.0, 1.0])
+    double = load(datagen.run_data(recipe, target=target))
+    assert double["prompt_id"] == [pid for pid in single["prompt_id"] for _ in range(2)]
+    greedy = [ids for i, ids in enumerate(double["input_ids"]) if i % 2 == 0]
+    sampled = [ids for i, ids in enumerate(double["input_ids"]) if i % 2 == 1]
+    assert greedy == single["input_ids"] and sampled != greedy
+    again = load(datagen.run_data(make_recipe(tmp_path / "again", source, samples_per_prompt=2,
+                                              temperatures=[0.0, 1.0]), target=target))
+    assert again == double
+
+
+def test_one_temperature_per_answer_is_required():
+    with pytest.raises(DraftheadsError, match="lists 1 temperatures but data.samples_per_prompt is 3"):
+        make_recipe("out", "p.jsonl", samples_per_prompt=3, temperatures=[0.7])

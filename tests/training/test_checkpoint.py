@@ -27,7 +27,9 @@ HEADS = {
     "dflash": {"type": "dflash", "block_size": 4},  # anchors drawn from the global RNG each step
     "peagle": {"type": "peagle", "depths": 3},  # COD slots drawn from the global RNG each step
     "dspark": {"type": "dspark", "block_size": 3, "markov_rank": 8},  # anchors as DFlash's
-    "eagle3-lk": {"type": "eagle3", "ttt_steps": 2, "draft_vocab_size": 128},
+    # every training choice of issue 54 at once: head.init and head.ttt_mode live in the head's config
+    "eagle3-lk": {"type": "eagle3", "ttt_steps": 2, "draft_vocab_size": 128, "init": "target_layer",
+                  "ttt_mode": "harmonised"},
 }
 # train.* settings a case adds: the objective is the recipe's, restored with it on resume
 OBJECTIVES = {"eagle3-lk": {"loss": "lk_lambda", "depth_weights": "reach"}}
@@ -56,7 +58,8 @@ def test_resume_matches_a_straight_run(tmp_path, data_dir, llama_target, head):
     resumed = train(tmp_path / "resumed", after_step=steps_after_resume.append)
     assert steps_after_resume == [4, 5, 6]  # it continued; it did not start over
     saved = load_recipe(str(resumed / "step_000006" / "recipe.yaml")).train
-    assert (saved.loss, saved.depth_weights) == tuple(OBJECTIVES.get(head, {}).get(k) for k in ("loss", "depth_weights"))
+    wanted = OBJECTIVES.get(head, {})
+    assert (saved.loss, saved.depth_weights) == (wanted.get("loss"), wanted.get("depth_weights"))
 
     assert max_weight_diff(straight / "final" / "drafter", resumed / "final" / "drafter") <= 1e-6
     a = json.loads((straight / "final" / "metrics.json").read_text())
