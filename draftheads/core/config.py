@@ -115,7 +115,8 @@ def convert(value: Any, hint: Any, where: str) -> Any:
         if value in args:
             return value
         options = ", ".join(repr(a) for a in args)
-        raise DraftheadsError(f"{where}: {value!r} is not one of {options}{suggest(str(value), map(str, args))}")
+        raise DraftheadsError(f"{where}: {value!r} is not one of {options}{suggest(str(value), map(str, args))}; "
+                              "choose one of them")
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise DraftheadsError(f"{where}: expected a list, got {_describe(value)}")
