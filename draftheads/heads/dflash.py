@@ -34,14 +34,14 @@ from draftheads.heads.parts.block_training import (
     block_labels,
     block_loss,
     block_visible,
-    default_gamma,
     sample_anchors,
 )
 from draftheads.heads.parts.common import batch_features, bind_frozen, resolve_mask_token
 from draftheads.heads.parts.draft_vocab import check_draft_vocab, vocabulary
 from draftheads.heads.parts.files import WeightsOnly
 from draftheads.heads.parts.layers import bind_parts
-from draftheads.heads.parts.objective import Objective, check_depth_weights
+from draftheads.heads.parts.objective import Objective, default_gamma, take_objective
+from draftheads.heads.parts.target_init import Init, init_setting
 from draftheads.heads.parts.protocol import drafting_methods, new_for_target, one_param_group
 
 MAX_BLOCK = 32
@@ -67,9 +67,7 @@ class DFlashConfig:
     loss: Literal["ce", "kd"] = doc("ce", "ce: cross-entropy on the target's tokens; kd: on its distributions "
                                           "(caches the target's last hidden state too)")
     default_tree: str | None = doc(None, "tree used when the caller gives none (default chain:block_size-1)")
-    init: Literal["random", "target_layer"] = doc("random", "a new drafter's weights: random, or target_layer (its "
-                                                           "draft layers copied from the target's last layers, its "
-                                                           "fusion the identity on the highest features)")
+    init: Init = init_setting()
     init_from: str | None = doc(None, "start from an existing drafter (native layout)")
 
     def __post_init__(self):
@@ -236,11 +234,10 @@ class DFlashDrafter(nn.Module):
     def set_objective(self, objective: Objective) -> None:
         """train.depth_weights over the B - 1 drafted slots; a train.loss other than ce reads the target's
         distribution, which head.loss: kd makes training read."""
-        check_depth_weights(objective.depth_weights, self.config.block_size - 1)
         if objective.loss not in (None, "ce") and self.config.loss != "kd":
             raise DraftheadsError(f"train.loss {objective.loss} compares with the target's distribution, which DFlash "
                                   "reads with head.loss: kd; set head.loss: kd or train.loss: ce")
-        self.objective = objective
+        take_objective(self, objective, self.config.block_size - 1)
 
     def anchored_blocks(self, batch: dict):
         """(features [b, s, F], anchor [b, A], valid [b, A], out [b, A, B, H]): up to `anchors` blocks per row, drawn

@@ -29,13 +29,13 @@ from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import parse_tree
 from draftheads.heads.dflash import MAX_BLOCK, DFlashDrafter, default_target_layers
-from draftheads.heads.parts.block_training import default_gamma
 from draftheads.heads.parts.common import resolve_mask_token
 from draftheads.heads.parts.draft_vocab import check_draft_vocab
 from draftheads.heads.parts.dspark_drafting import DSparkDrafting, VerifyCosts
 from draftheads.heads.parts.dspark_training import dspark_labels, dspark_loss
 from draftheads.heads.parts.markov_head import ConfidenceHead, MarkovHead
-from draftheads.heads.parts.objective import HEAD_OWN, Objective
+from draftheads.heads.parts.objective import HEAD_OWN, Objective, default_gamma
+from draftheads.heads.parts.target_init import Init, init_setting
 from draftheads.heads.parts.protocol import drafting_methods
 
 
@@ -68,9 +68,7 @@ class DSparkConfig:
                                                      "its confidence no longer pays for the verify time measured on "
                                                      "this machine (draftheads eval prices it from the cost profile)")
     default_tree: str | None = doc(None, "tree used when the caller gives none (default chain:block_size)")
-    init: Literal["random", "target_layer"] = doc("random", "a new drafter's weights: random, or target_layer (its "
-                                                           "draft layers copied from the target's last layers, its "
-                                                           "fusion the identity on the highest features)")
+    init: Init = init_setting()
     init_from: str | None = doc(None, "start from an existing drafter (native layout)")
 
     def __post_init__(self):

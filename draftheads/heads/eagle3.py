@@ -27,10 +27,11 @@ from draftheads.core.target_family import layer_rotary, norm_eps
 from draftheads.core.tree import parse_tree
 from draftheads.heads.parts import draft_layer
 from draftheads.heads.parts.common import bind_frozen
-from draftheads.heads.parts.draft_layer import MAX_TTT_STEPS, LayerDrafting, check_unroll
+from draftheads.heads.parts.draft_layer import MAX_TTT_STEPS, LayerDrafting, TttMode, check_unroll, ttt_mode_setting
 from draftheads.heads.parts.draft_vocab import DraftVocabulary, check_draft_vocab
 from draftheads.heads.parts.files import WeightsOnly
 from draftheads.heads.parts.layers import bind_parts, build_decoder_layer, make_norm, run_layer, widen_attention_inputs
+from draftheads.heads.parts.target_init import Init, init_setting
 from draftheads.heads.parts.protocol import drafting_methods, new_for_target, one_param_group
 
 
@@ -46,18 +47,13 @@ class Eagle3Config:
                                              "tokens (default min(32000, target vocab))")
     ttt_steps: int = doc(1, "training-time test: unroll this many steps on the drafter's own outputs")
     ttt_decay: float = doc(0.8, "training-time test: step j's loss is weighted decay^j")
-    ttt_mode: Literal["teacher", "harmonised"] = doc(
-        "teacher", "training-time test: 'teacher' (every step's loss against the target's distribution, gradients "
-                   "through the unroll) or 'harmonised' (HASS: later steps read the earlier steps' outputs as given, "
-                   "without gradient, and each step's loss adds the target's top-10 tokens' distillation term)")
+    ttt_mode: TttMode = ttt_mode_setting()
     input_noise: float = doc(0.2, "width of the uniform noise added to input features during training (0 = off)")
     token_loss_fraction: float = doc(1.0, "share of positions, drawn anew each training step, that get the "
                                           "vocabulary-sized token loss; < 1 trades a noisier loss for speed")
     default_tree: str = doc("dynamic:8,6,48",
                             "tree used when the caller gives none (chain:K, dynamic:TOPK,DEPTH,TOTAL)")
-    init: Literal["random", "target_layer"] = doc("random", "a new drafter's weights: random, or target_layer (its "
-                                                           "draft layers copied from the target's last layers, its "
-                                                           "fusion the identity on the highest features)")
+    init: Init = init_setting()
     init_from: str | None = doc(None, "start from an existing drafter (native or an engine/public layout)")
     draft_layer: Literal["llama", "target"] | None = doc(None, "the draft layer's class: 'llama' (the default: what "
                                                                "SGLang, vLLM, llama.cpp and speculators load for any "

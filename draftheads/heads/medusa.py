@@ -24,8 +24,7 @@ from draftheads.core.tree import DynamicTreeSpec, Tree
 from draftheads.heads.parts.common import DepthMetrics, TargetDistribution, batch_features, bind_frozen, masked_ce
 from draftheads.heads.parts.draft_vocab import check_draft_vocab, vocabulary
 from draftheads.heads.parts.files import WeightsOnly
-from draftheads.heads.parts.objective import (Objective, check_depth_weights, depth_weights, objective_of,
-                                              per_depth_mean)
+from draftheads.heads.parts.objective import Objective, depth_weights, objective_of, per_depth_mean, take_objective
 from draftheads.heads.parts.protocol import new_for_target, one_param_group
 
 MAX_HEADS = 10
@@ -221,8 +220,7 @@ class MedusaDrafter(nn.Module):
 
     def set_objective(self, objective: Objective) -> None:
         """Any train.loss (it replaces head.soft_labels' choice); train.depth_weights over the heads."""
-        check_depth_weights(objective.depth_weights, self.config.num_heads)
-        self.objective = objective
+        take_objective(self, objective, self.config.num_heads)
 
     def target_logits(self, features: torch.Tensor) -> torch.Tensor:
         """The target's own logits from its final features [..., H], over the heads' columns (fp32)."""

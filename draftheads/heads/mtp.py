@@ -36,8 +36,8 @@ from draftheads.heads.parts.layers import (
     run_layer,
     tree_visible,
 )
-from draftheads.heads.parts.objective import (Objective, check_depth_weights, depth_weights, objective_of,
-                                              per_depth_mean)
+from draftheads.heads.parts.objective import Objective, depth_weights, objective_of, per_depth_mean, take_objective
+from draftheads.heads.parts.target_init import Init, init_setting
 from draftheads.heads.parts.protocol import new_for_target, one_param_group
 
 MAX_DEPTH = 8
@@ -56,9 +56,7 @@ class MTPConfig:
                                              "through the target lm_head's rows for them (default: the full "
                                              "vocabulary); several times cheaper draft steps")
     default_tree: str | None = doc(None, "tree used when the caller gives none (default chain:depth)")
-    init: Literal["random", "target_layer"] = doc("random", "a new drafter's weights: random, or target_layer (its "
-                                                           "draft layers copied from the target's last layers, its "
-                                                           "fusion the identity on the highest features)")
+    init: Init = init_setting()
     init_from: str | None = doc(None, "start from an existing drafter (native or an engine/public layout)")
 
     def __post_init__(self):
@@ -234,8 +232,7 @@ class MTPDrafter(nn.Module):
 
     def set_objective(self, objective: Objective) -> None:
         """Any train.loss (it replaces head.soft_labels' choice); train.depth_weights over the modules."""
-        check_depth_weights(objective.depth_weights, self.config.depth)
-        self.objective = objective
+        take_objective(self, objective, self.config.depth)
 
     param_groups = one_param_group
 

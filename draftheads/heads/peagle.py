@@ -31,6 +31,7 @@ from draftheads.heads.parts.draft_layer import LayerDrafting
 from draftheads.heads.parts.draft_tree import Sampling
 from draftheads.heads.parts.layers import causal_visible
 from draftheads.heads.parts.peagle_training import parallel_set_objective, parallel_training_loss
+from draftheads.heads.parts.target_init import Init, init_setting
 from draftheads.heads.parts.protocol import drafting_methods
 
 MAX_DEPTHS = 16
@@ -56,9 +57,7 @@ class PEagleConfig:
                                   "position alike, as speculators does; COD already trains fewer deep ones)")
     input_noise: float = doc(0.2, "width of the uniform noise added to input features during training (0 = off)")
     default_tree: str | None = doc(None, "tree used when the caller gives none (default chain:depths)")
-    init: Literal["random", "target_layer"] = doc("random", "a new drafter's weights: random, or target_layer (its "
-                                                           "draft layers copied from the target's last layers, its "
-                                                           "fusion the identity on the highest features)")
+    init: Init = init_setting()
     init_from: str | None = doc(None, "start from an existing P-EAGLE drafter (native or an engine layout)")
     draft_layer: Literal["llama", "target"] | None = doc(None, "the draft layer's class, as head.type eagle3's "
                                                                "(default llama, what the engines load)")

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from draftheads.core.config import check, doc
+from draftheads.heads.parts.objective import check_depth_weights
 
 
 @dataclass
@@ -73,8 +74,6 @@ class TrainConfig:
               f"train.betas must be two numbers in [0, 1), got {self.betas}")
         check(self.feature_cache_max_gb is None or self.feature_cache_max_gb >= 0,
               f"train.feature_cache_max_gb must be >= 0, got {self.feature_cache_max_gb}")
-        check(not isinstance(self.depth_weights, list) or (
-              len(self.depth_weights) > 0 and min(self.depth_weights) >= 0 and sum(self.depth_weights) > 0),
-              f"train.depth_weights must be weights >= 0, not all 0, got {self.depth_weights}")
+        check_depth_weights(self.depth_weights)  # a list's values; its length is checked against the head's depths
         check(self.time_budget_minutes is None or self.time_budget_minutes > 0,
               "train.time_budget_minutes must be positive")

@@ -135,8 +135,3 @@ def block_loss(model, out: torch.Tensor, anchor: torch.Tensor, labels: torch.Ten
     own = slot_weights(block_size, model.config.gamma).tolist()
     weights = depth_weights(objective, own, metrics.correct, metrics.total)
     return pooled_mean(weights, sums, totals), metrics.as_dict()
-
-
-def default_gamma(block_size: int) -> float:
-    """The slot-weight decay the DFlash trainers use at B = 8 (4) and B = 16 (7), on the line through both."""
-    return max(1.0, 4.0 + 3.0 * (block_size - 8) / 8)

@@ -19,20 +19,30 @@ feature regression); this module runs the rest:
 from __future__ import annotations
 
 import functools
+from typing import Literal
 
 import torch
 
-from draftheads.core.config import check
+from draftheads.core.config import check, doc
 from draftheads.core.drafter import DraftLayer, Proposal
 from draftheads.core.tree import DynamicTreeSpec, Tree, parse_tree
 from draftheads.heads.parts.common import DepthMetrics, batch_features, shift_mask
 from draftheads.heads.parts.draft_tree import Sampling, draft_dynamic, draft_static, node_depth
 from draftheads.heads.parts.layers import KVCache, causal_visible, tree_visible, ttt_visible
-from draftheads.heads.parts.objective import (Objective, check_depth_weights, depth_weights, objective_of,
-                                              per_depth_mean, token_loss)
+from draftheads.heads.parts.objective import (Objective, depth_weights, objective_of, per_depth_mean, take_objective,
+                                              token_loss)
 
 MAX_TTT_STEPS = 16
+TttMode = Literal["teacher", "harmonised"]
 HASS_TOP_K = 10  # HASS's top-k distillation over the target's 10 most likely tokens (its default)
+
+
+def ttt_mode_setting():
+    """head.ttt_mode of the heads that unroll this layer (EAGLE-1/2, EAGLE-3)."""
+    return doc("teacher", "training-time test: 'teacher' (every step's loss against the target's distribution, "
+                          "gradients through the unroll) or 'harmonised' (HASS: later steps read the earlier steps' "
+                          "outputs as given, without gradient, and each step's loss adds the target's top-10 tokens' "
+                          "distillation term)")
 
 
 def check_unroll(config) -> None:
@@ -69,8 +79,7 @@ def training_loss(model: DraftLayer, batch: dict) -> tuple[torch.Tensor, dict]:
 
 def set_objective(model: DraftLayer, objective: Objective) -> None:
     """Any train.loss; train.depth_weights over the ttt_steps unroll steps."""
-    check_depth_weights(objective.depth_weights, model.config.ttt_steps)
-    model.objective = objective
+    take_objective(model, objective, model.config.ttt_steps)
 
 
 def unroll(model: DraftLayer, features: torch.Tensor, input_ids: torch.Tensor,
@@ -92,7 +101,7 @@ def unroll(model: DraftLayer, features: torch.Tensor, input_ids: torch.Tensor,
         inputs = inputs + (torch.rand_like(inputs) - 0.5) * config.input_noise
     carry = model.initial_carry(inputs)
     cache = KVCache() if config.ttt_steps > 1 else None
-    harmonised = getattr(config, "ttt_mode", "teacher") == "harmonised"
+    harmonised = config.ttt_mode == "harmonised"
     for step in range(config.ttt_steps):
         visible = ttt_visible(step, n, segments, input_ids.device)
         out = model.forward_layer(carry, tokens, rope, visible, cache)
@@ -122,7 +131,7 @@ def step_loss(model: DraftLayer, out: torch.Tensor, features: torch.Tensor, batc
     pick = token_loss_positions(model, labels.numel(), labels.device)
     logits = model.draft_logits(rows[pick])
     kind = objective_of(model).loss_for("kl")  # the head's own: soft CE against the target's distribution
-    harmonised = getattr(model.config, "ttt_mode", "teacher") == "harmonised"
+    harmonised = model.config.ttt_mode == "harmonised"
     with torch.no_grad():
         target_log_p = None if kind == "ce" and not harmonised else \
             model.target_logits(target_f[pick]).float().log_softmax(-1)

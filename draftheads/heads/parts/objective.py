@@ -72,6 +72,13 @@ def attach_objective(drafter, loss: str | None, weights) -> None:
                               "train.depth_weights unset")
 
 
+def take_objective(model, objective: Objective, depths: int) -> None:
+    """What a head's `set_objective` does when it takes any train.loss: check train.depth_weights against its `depths`
+    and keep the objective on `model`."""
+    check_depth_weights(objective.depth_weights, depths)
+    model.objective = objective
+
+
 # ---- token losses ----------------------------------------------------------------------------------------------
 
 
@@ -146,6 +153,11 @@ def depth_weights(objective: Objective, head_weights: list[float], correct=None,
     return [w * scale for w in weights]
 
 
+def default_gamma(block_size: int) -> float:
+    """The slot-weight decay the DFlash trainers use at B = 8 (4) and B = 16 (7), on the line through both."""
+    return max(1.0, 4.0 + 3.0 * (block_size - 8) / 8)
+
+
 def schedule(name: str, depths: int, correct=None, total=None) -> list[float]:
     """A named depth schedule's raw weights for `depths` depths."""
     if name == "uniform":
@@ -153,7 +165,7 @@ def schedule(name: str, depths: int, correct=None, total=None) -> list[float]:
     if name == "fastmtp":
         return [0.6**k for k in range(depths)]
     if name == "dflash":
-        gamma = max(1.0, 4.0 + 3.0 * (depths + 1 - 8) / 8)  # DFlash's γ at a block of depths + 1 slots
+        gamma = default_gamma(depths + 1)  # DFlash's γ at a block of depths + 1 slots
         return [math.exp(-k / gamma) for k in range(depths)]
     if name == "reach":
         hits = torch.as_tensor(correct, dtype=torch.float64).detach().cpu()

@@ -18,8 +18,8 @@ import torch
 
 from draftheads.heads.parts.common import DepthMetrics, batch_features, shift_mask
 from draftheads.heads.parts.layers import KVCache, causal_visible
-from draftheads.heads.parts.objective import (Objective, check_depth_weights, depth_weights, objective_of,
-                                              pooled_mean, token_loss)
+from draftheads.heads.parts.objective import (Objective, depth_weights, objective_of, pooled_mean, take_objective,
+                                              token_loss)
 
 EVAL_SEED = 0  # slots drawn in eval mode: the same every call, so held-out figures compare
 
@@ -89,8 +89,7 @@ def depth_losses(model, features, input_ids, outputs) -> tuple[torch.Tensor, dic
 
 def parallel_set_objective(model, objective: Objective) -> None:
     """Any train.loss; train.depth_weights over the `depths` depths."""
-    check_depth_weights(objective.depth_weights, model.config.depths)
-    model.objective = objective
+    take_objective(model, objective, model.config.depths)
 
 
 def cod_slots(batch: dict, config, training: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

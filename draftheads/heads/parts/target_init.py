@@ -18,13 +18,21 @@ the first column of the features it should pass through).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import nn
 
+from draftheads.core.config import doc
 from draftheads.core.errors import DraftheadsError
 
-INITS = ("random", "target_layer")
+Init = Literal["random", "target_layer"]
 
+
+def init_setting():
+    """head.init, the same setting on every head that can start from the target's layers."""
+    return doc("random", "a new drafter's weights: random, or target_layer (its draft layers copied from the target's "
+                         "last layers, its fusion the identity on the highest features)")
 
 def target_decoder_layers(target) -> nn.ModuleList:
     """The target's decoder layers, in order."""
