@@ -71,39 +71,50 @@ class DFlashConfig:
     init_from: str | None = doc(None, "start from an existing drafter (native layout)")
 
     def __post_init__(self):
-        check(2 <= self.block_size <= MAX_BLOCK, f"head.block_size must be between 2 and {MAX_BLOCK}, "
-                                                 f"got {self.block_size}")
-        check(1 <= self.num_layers <= 16, f"head.num_layers must be between 1 and 16, got {self.num_layers}")
-        check(self.anchors >= 1, f"head.anchors must be >= 1, got {self.anchors}")
-        check(self.gamma is None or self.gamma > 0, f"head.gamma must be > 0, got {self.gamma}")
-        check(self.draft_vocab_size is None or self.draft_vocab_size > 0, "head.draft_vocab_size must be positive")
-        if self.target_layers is not None:
-            check(len(self.target_layers) >= 1, "head.target_layers must list at least one target layer")
-            # engines concatenate the layers in layer order: an unsorted list would permute fc's input columns
-            check(list(self.target_layers) == sorted(set(self.target_layers)),
-                  f"head.target_layers must be different layers in increasing order, got {list(self.target_layers)}")
-        if self.default_tree is not None:
-            tree = parse_tree(self.default_tree, "head.default_tree")
-            check(tree.depth < self.block_size, f"head.default_tree is {tree.depth} deep, but a block of "
-                                                f"{self.block_size} drafts {self.block_size - 1} levels")
+        check_block_settings(self)
 
     def resolve(self, num_layers: int, vocab_size: int) -> None:
         """Fill the values derived from the target and check those that depend on it."""
-        if self.target_layers is None:
-            self.target_layers = default_target_layers(num_layers, self.num_layers)
-        for layer in self.target_layers:
-            check(0 <= layer < num_layers,
-                  f"head.target_layers: layer {layer} does not exist (the target has {num_layers} layers)")
-        self.mask_token_id = resolve_mask_token(self.mask_token_id, vocab_size)
-        check_draft_vocab(self.draft_vocab_size, vocab_size)
-        if self.gamma is None:
-            self.gamma = default_gamma(self.block_size)
-        if self.default_tree is None:
-            self.default_tree = f"chain:{self.block_size - 1}"
+        resolve_block_settings(self, num_layers, vocab_size)
 
     @property
     def depth(self) -> int:
         return self.block_size - 1
+
+
+def check_block_settings(config) -> None:
+    """The head.* checks every block drafter's config shares (DFlash, DSpark): its block drafts config.depth levels."""
+    least = config.block_size - config.depth + 1
+    check(least <= config.block_size <= MAX_BLOCK, f"head.block_size must be between {least} and {MAX_BLOCK}, "
+                                                   f"got {config.block_size}")
+    check(1 <= config.num_layers <= 16, f"head.num_layers must be between 1 and 16, got {config.num_layers}")
+    check(config.anchors >= 1, f"head.anchors must be >= 1, got {config.anchors}")
+    check(config.gamma is None or config.gamma > 0, f"head.gamma must be > 0, got {config.gamma}")
+    check(config.draft_vocab_size is None or config.draft_vocab_size > 0, "head.draft_vocab_size must be positive")
+    if config.target_layers is not None:
+        check(len(config.target_layers) >= 1, "head.target_layers must list at least one target layer")
+        # engines concatenate the layers in layer order: an unsorted list would permute fc's input columns
+        check(list(config.target_layers) == sorted(set(config.target_layers)),
+              f"head.target_layers must be different layers in increasing order, got {list(config.target_layers)}")
+    if config.default_tree is not None:
+        tree = parse_tree(config.default_tree, "head.default_tree")
+        check(tree.depth <= config.depth, f"head.default_tree is {tree.depth} deep, but a block of "
+                                          f"{config.block_size} drafts {config.depth} levels")
+
+
+def resolve_block_settings(config, num_layers: int, vocab_size: int) -> None:
+    """Fill a block drafter's values derived from the target (DFlash, DSpark) and check those that depend on it."""
+    if config.target_layers is None:
+        config.target_layers = default_target_layers(num_layers, config.num_layers)
+    for layer in config.target_layers:
+        check(0 <= layer < num_layers,
+              f"head.target_layers: layer {layer} does not exist (the target has {num_layers} layers)")
+    config.mask_token_id = resolve_mask_token(config.mask_token_id, vocab_size)
+    check_draft_vocab(config.draft_vocab_size, vocab_size)
+    if config.gamma is None:
+        config.gamma = default_gamma(config.depth + 1)  # DFlash's γ at B = depth + 1 block positions
+    if config.default_tree is None:
+        config.default_tree = f"chain:{config.depth}"
 
 
 def default_target_layers(num_target_layers: int, count: int) -> list[int]:
@@ -228,13 +239,13 @@ class DFlashDrafter(nn.Module):
         """Every anchored block of the batch in one forward (heads/parts/block_training.py)."""
         features, anchor, valid, out = self.anchored_blocks(batch)
         labels, counted = block_labels(batch, anchor, valid, self.config.block_size)
-        final = features[..., -self.hidden_size:] if self.config.loss == "kd" else None
+        final = features[..., -self.hidden_size:] if self.reads_target_output() else None
         return block_loss(self, out, anchor, labels, counted, final)
 
     def set_objective(self, objective: Objective) -> None:
         """train.depth_weights over the B - 1 drafted slots; a train.loss other than ce reads the target's
         distribution, which head.loss: kd makes training read."""
-        if objective.loss not in (None, "ce") and self.config.loss != "kd":
+        if objective.loss not in (None, "ce") and not self.reads_target_output():
             raise DraftheadsError(f"train.loss {objective.loss} compares with the target's distribution, which DFlash "
                                   "reads with head.loss: kd; set head.loss: kd or train.loss: ce")
         take_objective(self, objective, self.config.block_size - 1)

@@ -27,14 +27,11 @@ import torch
 
 from draftheads.core.config import check, doc
 from draftheads.core.errors import DraftheadsError
-from draftheads.core.tree import parse_tree
-from draftheads.heads.dflash import MAX_BLOCK, DFlashDrafter, default_target_layers
-from draftheads.heads.parts.common import resolve_mask_token
-from draftheads.heads.parts.draft_vocab import check_draft_vocab
+from draftheads.heads.dflash import DFlashDrafter, check_block_settings, resolve_block_settings
 from draftheads.heads.parts.dspark_drafting import DSparkDrafting, VerifyCosts
 from draftheads.heads.parts.dspark_training import dspark_labels, dspark_loss
 from draftheads.heads.parts.markov_head import ConfidenceHead, MarkovHead
-from draftheads.heads.parts.objective import HEAD_OWN, Objective, default_gamma
+from draftheads.heads.parts.objective import HEAD_OWN, Objective
 from draftheads.heads.parts.target_init import Init, init_setting
 from draftheads.heads.parts.protocol import drafting_methods
 
@@ -72,12 +69,7 @@ class DSparkConfig:
     init_from: str | None = doc(None, "start from an existing drafter (native layout)")
 
     def __post_init__(self):
-        check(1 <= self.block_size <= MAX_BLOCK, f"head.block_size must be between 1 and {MAX_BLOCK}, "
-                                                 f"got {self.block_size}")
-        check(1 <= self.num_layers <= 16, f"head.num_layers must be between 1 and 16, got {self.num_layers}")
-        check(self.anchors >= 1, f"head.anchors must be >= 1, got {self.anchors}")
-        check(self.gamma is None or self.gamma > 0, f"head.gamma must be > 0, got {self.gamma}")
-        check(self.draft_vocab_size is None or self.draft_vocab_size > 0, "head.draft_vocab_size must be positive")
+        check_block_settings(self)
         check(self.markov_rank >= 0, f"head.markov_rank must be >= 0 (0: no Markov head), got {self.markov_rank}")
         check(min(self.ce_weight, self.l1_weight, self.confidence_weight) >= 0 and self.ce_weight + self.l1_weight > 0,
               "head.ce_weight, head.l1_weight and head.confidence_weight must be >= 0, and ce_weight + l1_weight > 0")
@@ -86,28 +78,10 @@ class DSparkConfig:
               "head.confidence_with_markov: false")
         check(self.verify == "all" or self.confidence, "head.verify: scheduled needs the confidence head; set "
                                                        "head.confidence: true")
-        if self.target_layers is not None:
-            check(len(self.target_layers) >= 1, "head.target_layers must list at least one target layer")
-            check(list(self.target_layers) == sorted(set(self.target_layers)),
-                  f"head.target_layers must be different layers in increasing order, got {list(self.target_layers)}")
-        if self.default_tree is not None:
-            tree = parse_tree(self.default_tree, "head.default_tree")
-            check(tree.depth <= self.block_size, f"head.default_tree is {tree.depth} deep, but a block of "
-                                                 f"{self.block_size} drafts {self.block_size} levels")
 
     def resolve(self, num_layers: int, vocab_size: int) -> None:
         """Fill the values derived from the target and check those that depend on it."""
-        if self.target_layers is None:
-            self.target_layers = default_target_layers(num_layers, self.num_layers)
-        for layer in self.target_layers:
-            check(0 <= layer < num_layers,
-                  f"head.target_layers: layer {layer} does not exist (the target has {num_layers} layers)")
-        self.mask_token_id = resolve_mask_token(self.mask_token_id, vocab_size)
-        check_draft_vocab(self.draft_vocab_size, vocab_size)
-        if self.gamma is None:
-            self.gamma = default_gamma(self.block_size + 1)  # DFlash's at the same number of block positions + 1
-        if self.default_tree is None:
-            self.default_tree = f"chain:{self.block_size}"
+        resolve_block_settings(self, num_layers, vocab_size)
 
     @property
     def depth(self) -> int:
