@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from draftheads.core.config import check, doc
-from draftheads.heads.parts.objective import check_depth_weights
+from draftheads.heads.parts.objective import DepthSchedule, Loss, check_depth_weights
 
 
 @dataclass
@@ -32,10 +32,10 @@ class TrainConfig:
                                        "each other")
     pack: bool = doc(False, "pack whole rows into sequences of up to max_length tokens (first-fit-decreasing; "
                             "batch_size then counts sequences): no padding, and rows still never see each other")
-    loss: Literal["kl", "ce", "rkl", "jsd", "tv", "lk_alpha", "lk_lambda"] | None = doc(
+    loss: Loss | None = doc(
         None, "the token loss against the target (heads/parts/objective.py): kl (soft CE on its distribution), ce (on "
               "its token), rkl, jsd, tv, lk_alpha or lk_lambda (LK losses, arXiv 2602.23881); default: the head's own")
-    depth_weights: Literal["uniform", "fastmtp", "dflash", "reach"] | list[float] | None = doc(
+    depth_weights: DepthSchedule | list[float] | None = doc(
         None, "weights of the drafted depths: uniform, fastmtp (0.6^k), dflash (exp(-k/gamma)), reach (by the chance "
               "each depth is reached) or one weight per depth, scaled to the head's own sum; default: the head's own")
     lr: float = doc(3e-4, "AdamW learning rate")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -37,8 +38,10 @@ import torch.nn.functional as F
 from draftheads.core.errors import DraftheadsError
 from draftheads.heads.parts.draft_vocab import IGNORE
 
-LOSSES = ("kl", "ce", "rkl", "jsd", "tv", "lk_alpha", "lk_lambda")
-DEPTH_SCHEDULES = ("uniform", "fastmtp", "dflash", "reach")
+# The names train.loss and train.depth_weights accept (TrainConfig's types are these)
+Loss = Literal["kl", "ce", "rkl", "jsd", "tv", "lk_alpha", "lk_lambda"]
+DepthSchedule = Literal["uniform", "fastmtp", "dflash", "reach"]
+LOSSES, DEPTH_SCHEDULES = get_args(Loss), get_args(DepthSchedule)
 LK_ETA = 3.0  # LK-lambda's λ = exp(-η α): the paper's and speculators' η
 
 
@@ -139,15 +142,14 @@ def check_depth_weights(value, depths: int | None = None) -> None:
 
 def depth_weights(objective: Objective, head_weights: list[float], correct=None, total=None) -> list[float]:
     """The weight of each depth: the head's own, or the recipe's schedule scaled to their sum. `reach` needs the
-    batch's top-1 hits and counts per depth (tensors [D]); it reads them without gradient."""
+    batch's top-1 hits and counts per depth (tensors [D]); it reads them without gradient. A list was checked
+    against the head's depths once, by take_objective."""
     chosen = objective.depth_weights
     if chosen is None:
         return list(head_weights)
-    depths = len(head_weights)
     if isinstance(chosen, str):
-        weights = schedule(chosen, depths, correct, total)
+        weights = schedule(chosen, len(head_weights), correct, total)
     else:
-        check_depth_weights(chosen, depths)
         weights = [float(w) for w in chosen]
     scale = sum(head_weights) / sum(weights) if sum(weights) > 0 else 0.0
     return [w * scale for w in weights]
