@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from tests.engines.test_llama_cpp_engine import PROMPTS
+from tests.engines.small_runs import train_small, write_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -27,28 +27,12 @@ HEADS = {  # small blocks of the recipes' drafters, so 60 steps on four answers 
 def trained(tmp_path_factory):
     """(target, the prompts file, {kind: a run trained on the target's answers to those prompts})."""
     from draftheads import load_target
-    from draftheads.data.datagen import run_data
-    from draftheads.recipe import load_recipe
-    from draftheads.training.loop import run_training
 
     where = tmp_path_factory.mktemp("llama-cpp-block")
-    prompts = where / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    prompts = write_prompts(where)
     target = load_target("smollm2-135m", dtype="fp32", device="cpu")
-    runs = {}
-    for kind, head in HEADS.items():
-        overrides = [f"data.output={where / 'data'}", f"train.output_dir={where / kind}", "data.num_prompts=4",
-                     f"data.prompts=[{{source: {prompts}}}]", "data.max_new_tokens=64", "data.batch_size=4",
-                     "data.shard_size=4", "train.max_steps=60", "train.batch_size=4", "train.max_length=192",
-                     "train.time_budget_minutes=null", "train.eval_every=60", "train.save_every=60",
-                     "train.eval_fraction=0", "train.warmup_steps=5", "train.lr=3e-3", "train.dtype=fp32",
-                     "log.trackers=[]", "head.draft_vocab_size=2048", *head]
-        recipe = load_recipe(f"{kind}-smollm2", overrides)
-        if kind == "dspark":
-            run_data(recipe, target=target)
-        run_training(recipe, target=target)
-        runs[kind] = where / kind
-    return target, prompts, runs
+    return target, prompts, {kind: train_small(f"{kind}-smollm2", where, kind, target, head)
+                             for kind, head in HEADS.items()}
 
 
 def test_llama_cpp_runs_our_block_drafters_losslessly_and_as_our_loop_does(engine, trained, tmp_path):

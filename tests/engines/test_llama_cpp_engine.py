@@ -16,36 +16,19 @@ import os
 import numpy as np
 import pytest
 
+from tests.engines.small_runs import PROMPTS, train_small, write_prompts
+
 pytestmark = pytest.mark.slow
-
-PROMPTS = ["Write a Python function that returns the sum of a list of numbers.",
-           "Write a Python function that checks whether a word is a palindrome.",
-           "Explain in two sentences what a hash table is.",
-           "Write a Python function that counts the vowels in a string."]
-
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """(target, tokenizer, the prompts file, an EAGLE-3 run trained on the target's answers to those prompts)."""
     from draftheads import load_target
-    from draftheads.data.datagen import run_data
-    from draftheads.recipe import load_recipe
-    from draftheads.training.loop import run_training
 
     where = tmp_path_factory.mktemp("llama-cpp-engine")
-    prompts = where / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    prompts = write_prompts(where)
     target = load_target("smollm2-135m", dtype="fp32", device="cpu")
-    overrides = [f"data.output={where / 'data'}", f"train.output_dir={where / 'run'}", "data.num_prompts=4",
-                 f"data.prompts=[{{source: {prompts}}}]", "data.max_new_tokens=64", "data.batch_size=4",
-                 "data.shard_size=4", "train.max_steps=60", "train.batch_size=4", "train.max_length=192",
-                 "train.time_budget_minutes=null", "train.eval_every=60", "train.save_every=60",
-                 "train.eval_fraction=0", "train.warmup_steps=5", "train.lr=3e-3", "train.dtype=fp32",
-                 "log.trackers=[]", "head.draft_vocab_size=2048", "head.ttt_steps=2"]
-    recipe = load_recipe("eagle3-smollm2", overrides)
-    run_data(recipe, target=target)
-    run_training(recipe, target=target)
-    return target, prompts, where / "run"
+    return target, prompts, train_small("eagle3-smollm2", where, "run", target, ["head.ttt_steps=2"])
 
 
 def test_llama_cpp_runs_our_eagle3_drafter_losslessly_and_accepts_its_drafts(engine, trained, tmp_path):
