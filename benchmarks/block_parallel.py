@@ -53,6 +53,7 @@ def main() -> None:
     parser.add_argument("--runs", default="runs/bench", help="where the run folders go (kept: reruns resume)")
     parser.add_argument("--prompts", default="humaneval")
     parser.add_argument("--limit", type=int, default=10)
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="per prompt (default: eval's)")
     parser.add_argument("--tree", default=None, help="one tree for every drafter (default: each drafter's own)")
     parser.add_argument("--out", default=None, help="report folder")
     parser.add_argument("--drafters", default="eagle3,peagle,dflash", help="which to train and evaluate")
@@ -81,7 +82,8 @@ def main() -> None:
     print_depth_accuracy(trained)
     folders = [run / args.use / DRAFTER if (run / args.use / DRAFTER).is_dir() else run for run in trained]
     folders = [str(f) for f in folders] + [str(scheduled_copy(f)) for f in folders if head_kind(f) == "dspark"]
-    config = EvalConfig(prompts=args.prompts, limit=args.limit, tree=args.tree, combined="graft")
+    config = EvalConfig(prompts=args.prompts, limit=args.limit, tree=args.tree, combined="graft",
+                        **({"max_new_tokens": args.max_new_tokens} if args.max_new_tokens else {}))
     report = run_eval(folders, config, out=args.out)
     rows = json.loads((Path(report) / "report.json").read_text())["results"]
     print(f"{args.prompts} (first {args.limit}), greedy, {args.minutes:g} training minutes each on {args.data}:")

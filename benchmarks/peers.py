@@ -128,16 +128,18 @@ def speculators_command(flags: dict, ratio: float, run: Path, minutes: float, se
     return args
 
 
-def train_theirs(args, out: Path) -> dict:
-    """speculators' EAGLE-3 for --minutes on our rows; its checkpoint copied to <out>/eagle3-speculators/."""
+def train_speculators(ours: Path, data_dir: str, minutes: float, out: Path, *, seq_len: int = 8192,
+                      skip_train: bool = False) -> dict:
+    """speculators' EAGLE-3 for `minutes` on the rows, layers and draft vocabulary of our run `ours`; its
+    checkpoint copied to <out>/eagle3-speculators/ (benchmarks/training_choices.py calls it too). `out` absolute."""
     run = out / f"{THEIRS}-run"
-    if not args.skip_train:
-        flags, ratio = export_rows(out / OURS, args.data, out / "speculators-data")
+    if not skip_train:
+        flags, ratio = export_rows(ours, data_dir, out / "speculators-data")
         if run.exists():
             shutil.rmtree(run)  # their trainer resumes from a checkpoint folder it finds: start afresh
         run.mkdir(parents=True)
-        print(f"peers: training speculators' EAGLE-3 for {args.minutes:g} minutes", flush=True)
-        done = subprocess.run(speculators_command(flags, ratio, run, args.minutes, args.speculators_seq_len), cwd=run)
+        print(f"peers: training speculators' EAGLE-3 for {minutes:g} minutes", flush=True)
+        done = subprocess.run(speculators_command(flags, ratio, run, minutes, seq_len), cwd=run)
         if done.returncode != 0:
             raise SystemExit(f"speculators' trainer failed (exit {done.returncode}); its output is above")
     metrics = json.loads((run / "train_metrics.json").read_text())
@@ -182,7 +184,8 @@ def main() -> None:
     out = Path(args.out).resolve()  # their trainer runs in its own folder: every path it is given is absolute
     out.mkdir(parents=True, exist_ok=True)
     trained = [train_ours(args, out)]
-    trained.append(train_theirs(args, out))
+    trained.append(train_speculators(out / OURS, args.data, args.minutes, out, seq_len=args.speculators_seq_len,
+                                     skip_train=args.skip_train))
     args.tree = args.tree or load_recipe("eagle3-smollm2").head.default_tree  # theirs has none of its own
     config = EvalConfig(prompts=args.prompts, limit=args.limit, tree=args.tree, accept=["greedy"],
                         temperatures=[0.0])
