@@ -202,6 +202,8 @@ CASES = [
          "lists 4 weights but this drafter trains"),
     Case("loss-dspark-cannot-take", [*TRAIN, "head={{type: dspark, block_size: 3}}", "train.loss=tv"],
          "DSpark trains with its own"),
+    Case("init-target-layer-on-eagle", [*TRAIN, "head={{type: eagle, init: target_layer}}"],
+         "does not apply to head.type eagle"),
     Case("temperatures-for-other-answers", [*DATA, "data.samples_per_prompt=2", "data.temperatures=[0.7]"],
          "give one per answer"),
     Case("oversized-default-tree", [*TRAIN, "head={{type: eagle, default_tree: 'chain:1000'}}"],

@@ -9,7 +9,7 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.heads.parts.target_init import init_from_target, target_decoder_layers
 from tests.heads.batches import make_batch
 
-HEADS = [("eagle3", {}), ("eagle", {}), ("peagle", {"depths": 2}), ("mtp", {"depth": 2}),
+HEADS = [("eagle3", {}), ("peagle", {"depths": 2}), ("mtp", {"depth": 2}),
          ("dflash", {"block_size": 3, "num_layers": 2}), ("dspark", {"block_size": 3, "markov_rank": 4})]
 
 
