@@ -44,7 +44,8 @@ KINDS = {
 }
 CHAIN = Tree.chain(2)
 TREE = Tree.from_paths([(0,), (1,), (0, 0), (1, 0)])
-FORMATS = ("vllm", "sglang", "tgi", "speculators", "deepseek-mtp")   # llama.cpp needs a GGUF target: tests/engines
+# llama.cpp needs a GGUF target: tests/engines
+FORMATS = ("vllm", "sglang", "tgi", "speculators", "deepseek-mtp", "deepspec")
 NEW_TOKENS = 12
 P_MIN = 1e-4   # per-family chi-square threshold, as tests/decoding/test_strict.py
 

@@ -30,8 +30,8 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.core.folders import write_folder
 from draftheads.core.run_folder import BEST, DATA_MARKER, DRAFTER, FINAL, incomplete_checkpoints, list_checkpoints
 from draftheads.core.writable import check_writable
-from draftheads.interop import (assistant_folder, deepseek_mtp, llama_cpp_block, sglang, shipped_mtp, speculators, tgi,
-                                vllm)
+from draftheads.interop import (assistant_folder, deepseek_mtp, deepspec, llama_cpp_block, sglang, shipped_mtp,
+                                speculators, tgi, vllm)
 from draftheads.interop.export_config import ExportConfig
 from draftheads.interop.hub_upload import check_can_push, push_folder
 from draftheads.interop.layout import LABELS, Layout
@@ -41,7 +41,7 @@ from draftheads.interop.native import (CONFIG, EAGLE3_KINDS, PROVENANCE, WEIGHTS
 from draftheads.interop.vocab_mapping import write_vocab_mappings
 
 ENGINES = {"vllm": vllm, "sglang": sglang, "tgi": tgi, "speculators": speculators, "deepseek-mtp": deepseek_mtp,
-           "llama.cpp": llama_cpp_block, "checkpoint": shipped_mtp, "assistant": assistant_folder}
+           "deepspec": deepspec, "llama.cpp": llama_cpp_block, "checkpoint": shipped_mtp, "assistant": assistant_folder}
 # formats that are not a safetensors file and a config.json: their WRITERS fill the folder themselves
 FOLDER_FORMATS = ("llama.cpp", "checkpoint", "assistant")
 # formats that are the shipped model's own folder, written with its own files (its model card kept)

@@ -104,15 +104,25 @@ def convert_to_gguf(folder: Path, out: Path, outtype: str = "bf16", extra: tuple
 def gguf_lm_head(path: Path) -> torch.Tensor:
     """[V, H] a GGUF target's output weight, dequantized to fp32: its token embedding where the file has no output
     weight (tied, as Gemma and small Llamas are: llama.cpp then reads the embedding)."""
+    return gguf_weight(path, ("output.weight", "token_embd.weight"), "lm_head")
+
+
+def gguf_embedding(path: Path) -> torch.Tensor:
+    """[V, H] a GGUF target's token embedding, dequantized to fp32."""
+    return gguf_weight(path, ("token_embd.weight",), "embedding")
+
+
+def gguf_weight(path: Path, names: tuple[str, ...], what: str) -> torch.Tensor:
+    """The first of `names` in a GGUF file, dequantized to fp32 in PyTorch's dimension order."""
     try:
         tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
     except Exception as e:  # noqa: BLE001 - a damaged file: the gguf package raises several types
-        raise DraftheadsError(f"cannot read the target's lm_head from {path} ({type(e).__name__}); check the "
+        raise DraftheadsError(f"cannot read the target's {what} from {path} ({type(e).__name__}); check the "
                               "file, or pass --target with the target's Hugging Face folder") from None
-    tensor = tensors.get("output.weight") or tensors.get("token_embd.weight")
+    tensor = next((tensors[name] for name in names if name in tensors), None)
     if tensor is None:
-        raise DraftheadsError(f"{path} holds neither output.weight nor token_embd.weight; pass --target with the "
-                              "target's Hugging Face folder")
+        raise DraftheadsError(f"{path} holds no {' or '.join(names)}; pass --target with the target's Hugging Face "
+                              "folder")
     shape = tuple(int(n) for n in reversed(tensor.shape))   # GGUF lists dimensions innermost first
     values = gguf.quants.dequantize(tensor.data, gguf.GGMLQuantizationType(tensor.tensor_type))
     return torch.from_numpy(np.ascontiguousarray(values.reshape(shape), dtype=np.float32))

@@ -8,7 +8,7 @@ engine module's reader) -> a drafter built for `target` (heads/factory.py), load
 Layouts read: vLLM / TGI / Medusa v0.1 Medusa, vLLM / SGLang / reference EAGLE-1/2, vLLM /
 SGLang LlamaForCausalLMEagle3, speculators EAGLE-3, P-EAGLE (vLLM: EAGLE-3 with mask_hidden and pard_token;
 speculators: peagle), DFlash (the z-lab layout of vLLM and SGLang; speculators' dflash) and DSpark (speculators'
-dspark).
+dspark; DeepSpec's Qwen3DSparkModel, also vLLM's).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from draftheads.core.errors import DraftheadsError
 from draftheads.heads.factory import head_config, new_drafter, upgrade_head
 from draftheads.heads.parts.common import place_like
-from draftheads.interop import speculators, tgi, vllm
+from draftheads.interop import deepspec, speculators, tgi, vllm
 from draftheads.interop.dflash_layout import ARCHITECTURE as DFLASH_ARCHITECTURE
 from draftheads.interop.dflash_layout import read_dflash
 from draftheads.interop.eagle_layout import EAGLE3_ARCHS, EAGLE_ARCHS, eagle_from_engine, read_eagle3, read_peagle
@@ -66,6 +66,8 @@ def import_drafter(folder: Path, config: dict, target):
         head, state = speculators.read_speculators_dflash(config, tensors, target)
     elif layout == "dspark-speculators":
         head, state = speculators.read_speculators_dspark(config, tensors, target)
+    elif layout == "dspark":
+        head, state = deepspec.read_dspark(config, tensors, target)
     else:
         head, state = {"type": "eagle"}, tensors
     drafter = new_drafter(head_config(with_saved_settings(folder, head)), target.config)
@@ -92,11 +94,13 @@ def detect(folder: Path, config: dict) -> str:
         return "peagle" if "pard_token" in config or "ptd_token_id" in config else "eagle3"
     if DFLASH_ARCHITECTURE in archs:
         return "dflash"
+    if deepspec.ARCHITECTURE in archs:
+        return "dspark"
     if any(a in EAGLE_ARCHS for a in archs) or has_eagle_tensors(folder):
         return "eagle"
     raise DraftheadsError(
         f"'{folder}' is neither a draftheads drafter nor a layout we read "
-        "(vLLM/SGLang/TGI/speculators Medusa, EAGLE, EAGLE-3; vLLM/SGLang DFlash)"
+        "(vLLM/SGLang/TGI/speculators Medusa, EAGLE, EAGLE-3; vLLM/SGLang DFlash; DeepSpec/vLLM/speculators DSpark)"
     )
 
 

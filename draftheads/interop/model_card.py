@@ -32,7 +32,7 @@ from draftheads.core.run_folder import BEST, DRAFTER, EVAL_PREFIX, FINAL, STEP_R
 from draftheads.core.state_files import read_json
 from draftheads.core.targets import ALIASES, cache_dir
 from draftheads.core.version import __version__
-from draftheads.interop import sglang, speculators, tgi, vllm
+from draftheads.interop import deepspec, sglang, speculators, tgi, vllm
 from draftheads.interop.hub_upload import FAILURES
 from draftheads.interop.layout import LABELS
 from draftheads.interop.llama_cpp import field_value
@@ -41,11 +41,11 @@ from draftheads.interop.native import SavedDrafter
 CARD = "README.md"
 ENGINE_NAMES = {"native": "draftheads itself (the native format)", "vllm": "vLLM", "sglang": "SGLang",
                 "tgi": "TGI (text-generation-inference)", "speculators": "vLLM, in the speculators format",
-                "llama.cpp": "llama.cpp, as a GGUF file"}
+                "deepspec": "DeepSpec (deepseek-ai/DeepSpec's evaluator)", "llama.cpp": "llama.cpp, as a GGUF file"}
 LIBRARIES = {"native": "draftheads", "vllm": "vllm", "sglang": "sglang", "tgi": "text-generation-inference",
-             "speculators": "speculators", "llama.cpp": "llama.cpp"}
+             "speculators": "speculators", "deepspec": "transformers", "llama.cpp": "llama.cpp"}
 SERVE = {"vllm": vllm.serve_command, "sglang": sglang.serve_command, "tgi": tgi.serve_command,
-         "speculators": speculators.serve_command}
+         "speculators": speculators.serve_command, "deepspec": deepspec.serve_command}
 TAGS = {"medusa": "medusa", "medusa2": "medusa", "eagle": "eagle", "eagle3": "eagle3", "mtp": "mtp",
         "dflash": "dflash", "dspark": "dspark", "peagle": "p-eagle", "native": "mtp", "assistant": "gemma4-assistant"}
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")

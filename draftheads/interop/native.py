@@ -38,7 +38,7 @@ from draftheads.data.target import read_chat_template
 from draftheads.heads.factory import HeadConfig, head_config, new_drafter, upgrade_head
 from draftheads.heads.parts.common import place_like
 from draftheads.heads.parts.layers import llama_layer_config
-from draftheads.interop.gguf_targets import gguf_lm_head
+from draftheads.interop.gguf_targets import gguf_embedding, gguf_lm_head
 
 FORMAT = "draftheads"
 WEIGHTS = "model.safetensors"
@@ -330,7 +330,16 @@ class SavedDrafter:
         where, extra = self.target_location()
         if "gguf_file" in extra:
             return gguf_lm_head(Path(where) / extra["gguf_file"])
-        return read_target_tensor(where, ("lm_head.weight", "model.embed_tokens.weight"), extra.get("revision"))
+        return read_target_tensor(where, ("lm_head.weight", *EMBEDDING_KEYS), extra.get("revision"))
+
+    def target_embedding(self) -> torch.Tensor:
+        """[V, H] the target's input-embedding table (engines that keep their own copy of it need one)."""
+        if isinstance(self.target_ref, torch.nn.Module):
+            return self.target_ref.get_input_embeddings().weight.detach().cpu()
+        where, extra = self.target_location()
+        if "gguf_file" in extra:
+            return gguf_embedding(Path(where) / extra["gguf_file"])
+        return read_target_tensor(where, EMBEDDING_KEYS, extra.get("revision"), "embedding")
 
     def target_location(self) -> tuple[str, dict]:
         """Where the target is, resolved as load_target resolves it (the embedded alias included), offline, with the
@@ -382,7 +391,12 @@ def check_fits_target(saved: SavedDrafter) -> None:
             "; export it with the target it was trained for (--target), or retrain it for this one")
 
 
-def read_target_tensor(name: str, keys: tuple[str, ...], revision: str | None = None) -> torch.Tensor:
+# where a checkpoint keeps its input embedding (a tied lm_head is the same table): text models, then multimodal ones
+EMBEDDING_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight")
+
+
+def read_target_tensor(name: str, keys: tuple[str, ...], revision: str | None = None,
+                       what: str = "lm_head") -> torch.Tensor:
     """The first of `keys` found in the target's safetensors files (a local folder, or a hub id in the HF cache)."""
     folder = Path(name) if Path(name).is_dir() else None
     if folder is None:
@@ -396,5 +410,5 @@ def read_target_tensor(name: str, keys: tuple[str, ...], revision: str | None = 
             for key in keys:
                 if key in f.keys():
                     return f.get_tensor(key)
-    raise DraftheadsError(f"cannot read the target's lm_head from '{name}' (needed: this engine does not share it); "
+    raise DraftheadsError(f"cannot read the target's {what} from '{name}' (needed: this engine does not share it); "
                           "pass --target LOCAL_FOLDER")

@@ -1,13 +1,14 @@
 """vLLM: Medusa (`MedusaModel`), EAGLE-1 (`EagleLlamaForCausalLM`), EAGLE-3 (`LlamaForCausalLMEagle3`), P-EAGLE (the
-same class with parallel_drafting) and DFlash (`DFlashDraftModel`, interop/dflash_layout.py) folders, written and
-(Medusa) read back.
+same class with parallel_drafting), DFlash (`DFlashDraftModel`, interop/dflash_layout.py) and DSpark
+(`Qwen3DSparkModel`, DeepSpec's layout, interop/deepspec.py, with a draft vocabulary where it has one) folders, written
+and (Medusa) read back.
 
 Writers take a SavedDrafter (interop/native.py) and return (tensors, config.json, weights file).
 EAGLE tensor names are the public EAGLE layout's (interop/eagle_layout.py); EAGLE folders of any
 engine are read by interop/load.py.
 
-EAGLE-3, P-EAGLE and DFlash drafters read target layers' outputs, which vLLM asks of the target's own model class
-(the SupportsEagle3 interface): only the targets listed below are served.
+EAGLE-3, P-EAGLE, DFlash and DSpark drafters read target layers' outputs, which vLLM asks of the target's own model
+class (the SupportsEagle3 interface): only the targets listed below are served.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from draftheads.core.target_dims import target_dims
 from draftheads.heads.parts import draft_vocab
 from draftheads.interop.dflash_layout import ARCHITECTURE as DFLASH_ARCHITECTURE
 from draftheads.interop.dflash_layout import dflash_config, dflash_tensors, dflash_to_engine
+from draftheads.interop.deepspec import ARCHITECTURE as DSPARK_ARCHITECTURE
+from draftheads.interop.deepspec import MARKOV_AND_CONFIDENCE, dspark_config, logit_change
 from draftheads.interop.eagle_layout import (
     eagle3_fields,
     eagle3_tensors,
@@ -33,7 +36,7 @@ from draftheads.interop.eagle_layout import (
     llama_layer,
     peagle_tensors,
 )
-from draftheads.interop.layout import VLLM, Layout, LoaderFile, Tensor
+from draftheads.interop.layout import LABELS, VLLM, Layout, LoaderFile, Tensor
 from draftheads.interop.native import SavedDrafter
 
 RELEASE = "PyPI vllm==0.34.0 (62d4bc3c7)"   # the wheel read for the target tables below
@@ -194,6 +197,44 @@ LAYOUTS = (
         ),
     ),
     Layout(
+        format="vllm", kind="dspark", engine="vLLM (Qwen3DSparkForCausalLM, speculative method dspark)",
+        weights_file="model.safetensors",
+        architectures=(DSPARK_ARCHITECTURE,),
+        config={
+            "(DeepSpec's)": "model_type qwen3 with the target's sizes, num_hidden_layers, layer_types, block_size, "
+                            "mask_token_id, target_layer_ids (layer OUTPUTS: vLLM adds 1), markov_rank, "
+                            "enable_confidence_head, confidence_head_with_markov (interop/deepspec.py)",
+            "draft_vocab_size": "Vd, only with a draft vocabulary",
+        },
+        tensors=dflash_tensors(own_lm_head=True) + MARKOV_AND_CONFIDENCE,
+        targets=tuple(AUX_TARGETS),
+        read_from=(
+            LoaderFile(VLLM, "vllm/model_executor/models/qwen3_dspark.py", "0302ff40439493d0db2e3bbfd509211703375d08"),
+            LoaderFile(VLLM, "vllm/model_executor/models/qwen3_dflash.py", "036a00d1f5d00d449d02dce9babdd15a5b4d06c9"),
+            LoaderFile(VLLM, "vllm/config/speculative.py", "002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443"),
+            LoaderFile(VLLM, "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py",
+                       "0cfdd2e15d6991f354c6e22fd7f7e7577afe0424"),
+            LoaderFile(VLLM, "vllm/v1/worker/gpu/spec_decode/dspark/utils.py",
+                       "0308cbaed08d25c17d77b0657bbb3d76bb27e5b8"),
+            LoaderFile(VLLM, "vllm/v1/worker/gpu/spec_decode/dspark/speculator.py",
+                       "02957b5ac0f91813c434af93d5498b55f2aeaad1"),
+        ) + TARGET_FILES,
+        traps=(
+            "a target class without SupportsEagle3: a RuntimeError at start-up",
+            "num_speculative_tokens is the number of block slots and is not checked against block_size: any other "
+            "value runs a block the drafter was not trained on (the serve command gives block_size)",
+            "markov_head_type is not read: every Markov head is built as the vanilla one",
+            "confidence_head_with_markov defaults to false: written explicitly",
+            "eagle_aux_hidden_state_layer_ids or dflash_config.target_layer_ids would win over target_layer_ids: "
+            "neither is written",
+            "every tensor name but lm_head and d2t gets a `model.` prefix: the folder's names have none; t2d is "
+            "skipped",
+            "draft_vocab_size < the target's needs lm_head [Vd, H] and d2t, else a ValueError",
+            "dspark_bonus_anchor (speculators' dialect) would add a slot: not written, DeepSpec's block it is",
+            "runs on vLLM's V2 GPU model runner (VLLM_USE_V2_MODEL_RUNNER=1 where that is not the default)",
+        ),
+    ),
+    Layout(
         format="vllm", kind="peagle",
         engine="vLLM (LlamaForCausalLMEagle3, speculative config method eagle3 + parallel_drafting: true)",
         weights_file="model.safetensors",
@@ -344,27 +385,45 @@ def write_dflash(s: SavedDrafter):
     return dflash_to_engine(s, own_lm_head=True), dflash_config(s, own_lm_head=True), "model.safetensors"
 
 
+def write_dspark(s: SavedDrafter):
+    """Qwen3DSparkModel: DeepSpec's config and names; the embedding and lm_head left to vLLM's sharing of the target's,
+    except a draft vocabulary's lm_head rows, which go with d2t."""
+    config = dspark_config(s)
+    if s.head.draft_vocab_size is not None:
+        config["draft_vocab_size"] = s.head.draft_vocab_size
+    return dflash_to_engine(s, own_lm_head=True), config, "model.safetensors"
+
+
 def refusal(saved: SavedDrafter) -> str | None:
-    """vLLM loads every layout listed here for the families and targets each lists, except DFlash on targets whose
-    embedding scale lies outside the embedding module it shares."""
+    """vLLM loads every layout listed here for the families and targets each lists, except DFlash and DSpark on
+    targets whose embedding scale lies outside the embedding module they share."""
     scale = UNSCALED_SHARED_EMBEDDING.get(saved.family)
-    if saved.kind == "dflash" and scale:
-        return (f"vLLM's DFlash drafter embeds its block with the {saved.family} target's embedding table alone, "
-                f"without the {scale} the target's model applies and this drafter was trained with")
+    change = logit_change(saved) if saved.kind == "dspark" else None
+    if change:
+        return (f"vLLM's DSpark drafter adds the Markov bias to the lm_head's logits as they are, and this "
+                f"{saved.family} target transforms its logits first ({change}), as this drafter was trained")
+    if saved.kind in ("dflash", "dspark") and scale:
+        return (f"vLLM's {LABELS[saved.kind]} drafter embeds its block with the {saved.family} target's embedding "
+                f"table alone, without the {scale} the target's model applies and this drafter was trained with")
     return None
 
 
 WRITERS = {"medusa": write_medusa, "eagle": write_eagle, "eagle3": write_eagle3, "dflash": write_dflash,
-           "peagle": write_peagle}
+           "peagle": write_peagle, "dspark": write_dspark}
 
 # the speculative config's method for each kind (the layouts' engines); P-EAGLE is method eagle3 + parallel_drafting
-METHODS = {"medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3", "peagle": "eagle3", "dflash": "dflash"}
+METHODS = {"medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3", "peagle": "eagle3", "dflash": "dflash",
+           "dspark": "dspark"}
 
 
 def serve_command(s: SavedDrafter, model: str, target: str) -> str:
     """`vllm serve` of `target` drafting with the folder `model` (a path or hub id), at the export's draft length."""
-    config = {"method": METHODS[s.kind], "model": model, "num_speculative_tokens": s.speculative_tokens}
+    # DSpark: vLLM's slots are the block's, whatever draft length was asked for (a chain is cut by acceptance)
+    tokens = s.head.block_size if s.kind == "dspark" else s.speculative_tokens
+    config = {"method": METHODS[s.kind], "model": model, "num_speculative_tokens": tokens}
     note = ""
+    if s.kind == "dspark":
+        note = "# vLLM runs DSpark on its V2 GPU model runner (VLLM_USE_V2_MODEL_RUNNER=1 where it is not the default)\n"
     if s.kind == "peagle":
         config["parallel_drafting"] = True
         note = ("# vLLM 0.34.0 refuses parallel_drafting (earlier releases take it); without it this folder drafts "

@@ -45,6 +45,7 @@ HEADS = {
     "dflash-vocab": ("dflash", {"draft_vocab_size": VD}),
     "peagle": ("peagle", {"draft_vocab_size": VD, "depths": 3}),
     "dspark": ("dspark", {"block_size": 3, "num_layers": 2, "draft_vocab_size": VD, "markov_rank": 8}),
+    "dspark-full": ("dspark", {"block_size": 3, "num_layers": 2, "markov_rank": 8}),   # DeepSpec's whole vocabulary
 }
 # Which engine formats each head type may go to, per target family (everything else is refused).
 ALLOWED = {
@@ -70,11 +71,13 @@ ALLOWED = {
                      else ("vllm", "speculators", "llama.cpp") for f in FAMILIES},
     # EAGLE-3's Llama layer with a mask vector: vLLM (parallel_drafting) and speculators; SGLang has no P-EAGLE
     "peagle": {f: ("vllm", "speculators") for f in FAMILIES},
-    # DFlash's folder with the Markov and confidence heads: speculators, and llama.cpp through its converter (vLLM's
-    # dspark method and SGLang are not written yet)
-    "dspark": {f: ("speculators", "llama.cpp") for f in FAMILIES},
+    # DFlash's folder with the Markov and confidence heads: vLLM's dspark method (DeepSpec's layout, a draft
+    # vocabulary as lm_head rows and d2t), speculators, and llama.cpp through its converter; DeepSpec's own layout
+    # only over the whole vocabulary (SGLang is not written)
+    "dspark": {f: ("vllm", "speculators", "llama.cpp") for f in FAMILIES},
+    "dspark-full": {f: ("vllm", "speculators", "deepspec", "llama.cpp") for f in FAMILIES},
 }
-ENGINE_FORMATS = ("vllm", "sglang", "tgi", "speculators", "deepseek-mtp", "llama.cpp")
+ENGINE_FORMATS = ("vllm", "sglang", "tgi", "speculators", "deepseek-mtp", "deepspec", "llama.cpp")
 
 
 @pytest.fixture(scope="module")
@@ -304,6 +307,25 @@ EXPECTED.update({
                                           "mask_token_id": V - 1, "draft_vocab_size": VD,
                                           "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}),
 })
+# DSpark in DeepSpec's layout (Qwen3DSparkModel): DFlash's tensors, the Markov (rank 8) and confidence heads; DeepSpec
+# adds the target's embedding and whole lm_head, vLLM the draft vocabulary's rows and d2t where there is one
+MARKOV = {"markov_head.markov_w1.weight": (V, 8), "confidence_head.proj.bias": (1,),
+          "confidence_head.proj.weight": (1, H + 8)}
+DSPARK_CONFIG = {"architectures": ["Qwen3DSparkModel"], "model_type": "qwen3", "num_hidden_layers": 2, "block_size": 3,
+                 "mask_token_id": V - 1, "target_layer_ids": [1, 2], "num_target_layers": 4, "num_anchors": 512,
+                 "markov_rank": 8, "markov_head_type": "vanilla", "enable_confidence_head": True,
+                 "confidence_head_with_markov": True, "tie_word_embeddings": False, "head_dim": D, "vocab_size": V,
+                 "layer_types": ["full_attention"] * 2}
+EXPECTED.update({
+    ("deepspec", "dspark-full", "qwen3"): ("model.safetensors", {
+        **dflash_keys(2, 2), **MARKOV, "markov_head.markov_w2.weight": (V, 8), "embed_tokens.weight": (V, H),
+        "lm_head.weight": (V, H)}, DSPARK_CONFIG),
+    ("vllm", "dspark-full", "llama"): ("model.safetensors", {
+        **dflash_keys(2, 2), **MARKOV, "markov_head.markov_w2.weight": (V, 8)}, DSPARK_CONFIG),
+    ("vllm", "dspark", "mistral"): ("model.safetensors", {
+        **dflash_keys(2, 2, vocab=True), **MARKOV, "markov_head.markov_w2.weight": (VD, 8)},
+        {**DSPARK_CONFIG, "draft_vocab_size": VD}),
+})
 DTYPES = {"d2t": torch.int64, "t2d": torch.bool, "token_map": torch.int64}
 
 
@@ -342,6 +364,14 @@ def check_loader_traps(fmt, head, config):
 
         parsed = AutoConfig.for_model(**config)  # the engines build a transformers config from it
         assert parsed.num_hidden_layers == 1 and parsed.hidden_size == H and parsed.head_dim == D
+    if head.startswith("dspark") and fmt in ("vllm", "deepspec"):
+        from transformers import AutoConfig
+
+        parsed = AutoConfig.for_model(**config)  # DeepSpec's eval.py and vLLM read it as a Qwen3 config
+        assert parsed.hidden_size == H and parsed.head_dim == D and parsed.rope_parameters["rope_theta"] > 0
+        # vLLM reads these first, in other numberings; its speculators dialect would add a bonus slot
+        assert not {"eagle_aux_hidden_state_layer_ids", "dflash_config", "dspark_bonus_anchor"} & set(config)
+        assert ("draft_vocab_size" in config) == (head == "dspark")
     if head.startswith("dflash") and fmt != "speculators":
         from transformers import AutoConfig
 
@@ -569,6 +599,41 @@ def test_dflash_draft_vocabulary_stays_with_vllm(targets, natives, tmp_path):
     assert loaded.config.draft_vocab_size is None
     for key, value in loaded.state_dict().items():
         torch.testing.assert_close(value, drafter.state_dict()[key], rtol=0, atol=0, msg=key)
+
+
+@pytest.mark.parametrize("fmt,head", [("deepspec", "dspark-full"), ("vllm", "dspark"), ("vllm", "dspark-full")])
+def test_dspark_slots_and_confidence_from_exported_tensors(fmt, head, targets, natives, tmp_path):
+    """DeepSpec's and vLLM's DSpark slot: lm_head(h_k) + W2 · W1[previous token] (vLLM with a draft vocabulary: the
+    lm_head rows and W2 rows of the draft ids, d2t mapping them to target ids), and the confidence
+    sigmoid(proj([h_k; W1[previous token]])), from the exported tensors alone; the block outputs h are DFlash's layers,
+    which test_dflash_block_from_exported_tensors recomputes."""
+    target = targets["llama"]
+    drafter, native = natives("llama", head)
+    folder = export_drafter(native, fmt, tmp_path / fmt)
+    t = load_file(str(folder / "model.safetensors"))
+    hidden = torch.randn(1, 3, H)
+    prev = torch.tensor([[7, 250, 31]])   # the anchor, then the tokens drawn at slots 0 and 1
+    markov = F.embedding(prev, t["markov_head.markov_w1.weight"])
+    engine = F.linear(hidden, t.get("lm_head.weight", target.get_output_embeddings().weight))
+    engine = engine + F.linear(markov, t["markov_head.markov_w2.weight"])
+    confidence = torch.sigmoid(F.linear(torch.cat([hidden, markov], -1), t["confidence_head.proj.weight"],
+                                        t["confidence_head.proj.bias"]))
+    with torch.no_grad():
+        ours = drafter.slot_logits(hidden, prev)
+        ours_confidence = torch.sigmoid(drafter.confidence_logits(hidden, prev))
+    if "d2t" in t:   # column i is target token i + d2t[i], the draft vocabulary's order
+        assert torch.equal(drafter.vocab.ids, torch.arange(VD) + t["d2t"])
+    torch.testing.assert_close(engine, ours, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(confidence, ours_confidence.reshape(confidence.shape), rtol=1e-5, atol=1e-5)
+    if fmt == "deepspec":   # its own frozen copies of the target's tables
+        assert torch.equal(t["embed_tokens.weight"], target.get_input_embeddings().weight)
+        assert torch.equal(t["lm_head.weight"], target.get_output_embeddings().weight)
+
+
+def test_deepspec_refuses_a_draft_vocabulary_and_names_vllm(natives, tmp_path):
+    _, native = natives("qwen3", "dspark")
+    with pytest.raises(DraftheadsError, match="whole vocabulary.*export it as 'vllm'"):
+        export_drafter(native, "deepspec", tmp_path / "deepspec")
 
 
 # ---- refusals ----------------------------------------------------------------------------------

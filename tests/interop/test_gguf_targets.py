@@ -153,3 +153,29 @@ def test_a_gguf_targets_medusa_drafter_exports_for_vllm_with_the_tied_lm_head(gg
     torch.testing.assert_close(lm_head, model.get_output_embeddings().weight, rtol=0, atol=0)   # what it ran with
     original = gguf_target[1].get_output_embeddings().weight
     assert (lm_head - original).abs().max() <= original.abs().max() / 127   # Q8_0's rounding of the tied embedding
+
+
+def test_a_gguf_targets_dspark_drafter_exports_for_deepspec_with_its_embedding(gguf_target, tmp_path):
+    """DeepSpec's layout carries the target's embedding and lm_head: both read from the recorded GGUF (dequantized,
+    what the target ran with), and the folder reads back as the same drafter."""
+    import torch
+    from safetensors.torch import load_file
+
+    from draftheads.api import build_drafter
+    from draftheads.data.target import load_target
+    from draftheads.interop.export import export_drafter
+    from draftheads.interop.load import load_drafter
+    from draftheads.interop.native import save_drafter
+    from tests.fixtures import CHATML
+
+    model, _ = load_target(str(gguf_target[0]), device="cpu", chat_template=CHATML)
+    drafter = build_drafter("dspark", model, block_size=3, num_layers=1, markov_rank=4)
+    native = save_drafter(drafter, tmp_path / "native", target=model)
+    out = export_drafter(native, "deepspec", tmp_path / "deepspec")   # no --target: the recorded GGUF
+    tensors = load_file(str(out / "model.safetensors"))
+    embedding = model.get_input_embeddings().weight
+    torch.testing.assert_close(tensors["embed_tokens.weight"], embedding, rtol=0, atol=0)
+    torch.testing.assert_close(tensors["lm_head.weight"], model.get_output_embeddings().weight, rtol=0, atol=0)
+    again = load_drafter(out, model)
+    for key, value in drafter.state_dict().items():
+        torch.testing.assert_close(again.state_dict()[key], value, rtol=0, atol=0, msg=key)
