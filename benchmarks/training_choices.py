@@ -10,14 +10,15 @@ interleaved run per prompt set and tree.
 
 Each choice is one setting changed against the default (the eagle3-smollm2 head with every choice unset, the heads'
 own behaviour, and the benchmarks' CPU training shape, benchmarks/cpu_training.py; the bundled recipes themselves now
-train `depth-fastmtp+init-target`, docs/training-choices.md): `default` and `default-seed1` (the same, another seed: the spread a difference
-must beat), the token losses of train.loss (`ce`, `rkl`, `jsd`, `tv`, `lk_alpha`, `lk_lambda`; the default is `kl`),
-train.depth_weights (`depth-uniform`, `depth-fastmtp`, `depth-reach`; the default is ttt_decay 0.8^j), head.init
-(`init-target`), head.ttt_mode (`harmonised`), and with --data2 (a folder of the same prompts answered twice, made by
-the recipe with data.samples_per_prompt=2) `two-answers`. Choices joined by `+` combine their settings
-(`depth-fastmtp+init-target`, `depth-fastmtp+init-target+default-seed1`). --speculators adds speculators' own EAGLE-3
-trainer (benchmarks/peers.py's run of it) on the same rows, layers and draft vocabulary for the same minutes.
-Training is offline, so every run on one data folder reads one shared feature cache (<data>/features/<key>). Each drafter is its run's final/ one (what the minutes made).
+train `depth-fastmtp+init-target`, docs/training-choices.md): `default` and `default-seed1` (the same, another seed:
+the spread a difference must beat), the token losses of train.loss (`ce`, `rkl`, `jsd`, `tv`, `lk_alpha`, `lk_lambda`;
+the default is `kl`), train.depth_weights (`depth-uniform`, `depth-fastmtp`, `depth-reach`; the default is ttt_decay
+0.8^j), head.init (`init-target`), head.ttt_mode (`harmonised`), and with --data2 (a folder of the same prompts
+answered twice, made by the recipe with data.samples_per_prompt=2) `two-answers`. Choices joined by `+` combine their
+settings (`depth-fastmtp+init-target`, `depth-fastmtp+init-target+default-seed1`). --speculators adds speculators' own
+EAGLE-3 trainer (benchmarks/peers.py's run of it) on the same rows, layers and draft vocabulary for the same minutes.
+Training is offline, so every run on one data folder reads one shared feature cache (<data>/features/<key>). Each
+drafter is its run's final/ one (what the minutes made).
 
 Evaluation: `draftheads eval` on every drafter at once (each prompt decoded by every drafter before the next prompt)
 for each of HumanEval (first --limit) and MT-Bench (first --mt-limit questions, both turns), on SpecForge's

@@ -165,10 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
     install = esub.add_parser("install", help="build llama.cpp from the llama-cpp-python source on PyPI, once (cached)")
     install.add_argument("engine", choices=["llama.cpp"], help="the engine to build")
     install.set_defaults(handler=cmd_engine_install, parser=install)
-    engine_eval = esub.add_parser("eval", help="measure EAGLE-3 drafters inside the engine, beside its plain and "
-                                               "n-gram decoding (greedy), and our own loop's tau on the same prompts")
+    engine_eval = esub.add_parser("eval", help="measure EAGLE-3, DFlash, DSpark and native MTP drafters inside the "
+                                               "engine, beside its plain and n-gram decoding (greedy), and our own "
+                                               "loop's tau on the same prompts")
     engine_eval.add_argument("engine", choices=["llama.cpp"], help="the engine (built once from PyPI's source)")
-    engine_eval.add_argument("drafters", nargs="+", help="EAGLE-3 drafter or run folders")
+    engine_eval.add_argument("drafters", nargs="+", help="EAGLE-3, DFlash, DSpark or native MTP drafter or run "
+                                                         "folders")
     engine_eval.add_argument("--target", default=None, help="the target's GGUF (default: the drafter's target)")
     _setting_flags(engine_eval, EngineEvalConfig)
     engine_eval.add_argument("--out", default=None, help="report folder (default: a timestamped folder)")

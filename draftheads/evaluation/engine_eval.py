@@ -121,7 +121,7 @@ def engine_configs(drafters: dict[str, Path], draft_tokens: list[int], ngram: bo
 
 def run_engine_eval(drafters: list[str], config: EngineEvalConfig | None = None, *, engine: str = "llama.cpp",
                     target: str | None = None, out: str | None = None, target_model=None) -> Path:
-    """Measure each EAGLE-3 drafter in `engine` beside its plain and n-gram decoding; write and print the report; return
+    """Measure each drafter in `engine` beside its plain and n-gram decoding; write and print the report; return
     its folder. `target`: the target GGUF (or any spec the drafter's export takes); `target_model`: (model, tokenizer)
     for our own loop instead of loading the target (tests)."""
     config = config or EngineEvalConfig()

@@ -423,7 +423,8 @@ def serve_command(s: SavedDrafter, model: str, target: str) -> str:
     config = {"method": METHODS[s.kind], "model": model, "num_speculative_tokens": tokens}
     note = ""
     if s.kind == "dspark":
-        note = "# vLLM runs DSpark on its V2 GPU model runner (VLLM_USE_V2_MODEL_RUNNER=1 where it is not the default)\n"
+        note = ("# vLLM runs DSpark on its V2 GPU model runner (VLLM_USE_V2_MODEL_RUNNER=1 where it is not the "
+                "default)\n")
     if s.kind == "peagle":
         config["parallel_drafting"] = True
         note = ("# vLLM 0.34.0 refuses parallel_drafting (earlier releases take it); without it this folder drafts "
