@@ -154,32 +154,31 @@ def read_dspark(config: dict, tensors: dict, target) -> tuple[dict, dict]:
     if rank and config.get("markov_head_type", "vanilla") != "vanilla":
         raise DraftheadsError(f"this DSpark folder's Markov head is '{config['markov_head_type']}'; draftheads reads "
                               "the first-order one (markov_head_type: vanilla) only")
-    layers = target_layer_ids(config)
+    layers, mask = target_layer_ids(config), mask_token(config)
     missing = [name for name, value in (("target_layer_ids", layers), ("block_size", config.get("block_size")),
-                                        ("mask_token_id", mask_token(config))) if value is None]
+                                        ("mask_token_id", mask)) if value is None]
     if missing:
         raise DraftheadsError(f"this DSpark folder's config.json lacks {', '.join(missing)}; without them the drafter "
                               "cannot be run as it was trained (write them into config.json)")
-    vocab = target_dims(target.config).vocab_size
+    dims = target_dims(target.config)
     own = ("embed_tokens.weight", "lm_head.weight", "d2t", "t2d")
     state = {k: v for k, v in tensors.items() if k not in own}
     head = {"type": "dspark", "block_size": int(config["block_size"]), "num_layers": int(config["num_hidden_layers"]),
-            "target_layers": layers, "mask_token_id": int(mask_token(config)), "markov_rank": rank}
+            "target_layers": layers, "mask_token_id": int(mask), "markov_rank": rank}
     check_same(tensors.get("embed_tokens.weight"), target.get_input_embeddings().weight, "embedding")
     if "d2t" in tensors:
         head["draft_vocab_size"] = int(tensors["d2t"].shape[0])
         if "lm_head.weight" in tensors:
             check_shared_rows(tensors["lm_head.weight"], tensors["d2t"], target)
         state["d2t"] = tensors["d2t"]
-        state["t2d"] = draft_vocab.members(tensors["d2t"], vocab)
+        state["t2d"] = draft_vocab.members(tensors["d2t"], dims.vocab_size)
     else:
         check_same(tensors.get("lm_head.weight"), target.get_output_embeddings().weight, "lm_head")
     proj = tensors.get("confidence_head.proj.weight")
     confidence = bool(config.get("enable_confidence_head")) and proj is not None
     head["confidence"] = confidence
     # its input is [h; W1[prev]] or h alone: the shape says which, whatever defaults the config leaves to a loader
-    width = target_dims(target.config).hidden_size + rank
-    head["confidence_with_markov"] = confidence and rank > 0 and proj.shape[1] == width
+    head["confidence_with_markov"] = confidence and rank > 0 and proj.shape[1] == dims.hidden_size + rank
     if not confidence:
         state = {k: v for k, v in state.items() if not k.startswith("confidence_head.")}
     return head, state

@@ -325,21 +325,21 @@ class SavedDrafter:
 
     def target_lm_head(self) -> torch.Tensor:
         """[V, H] the target's output-embedding weight (engines without a shared lm_head need a copy)."""
-        if isinstance(self.target_ref, torch.nn.Module):
-            return self.target_ref.get_output_embeddings().weight.detach().cpu()
-        where, extra = self.target_location()
-        if "gguf_file" in extra:
-            return gguf_lm_head(Path(where) / extra["gguf_file"])
-        return read_target_tensor(where, ("lm_head.weight", *EMBEDDING_KEYS), extra.get("revision"))
+        return self.target_table("lm_head")
 
     def target_embedding(self) -> torch.Tensor:
         """[V, H] the target's input-embedding table (engines that keep their own copy of it need one)."""
+        return self.target_table("embedding")
+
+    def target_table(self, which: str) -> torch.Tensor:
+        """[V, H] the target's `which` (TARGET_TABLES): from the loaded model, its GGUF file or its safetensors."""
+        module, from_gguf, keys = TARGET_TABLES[which]
         if isinstance(self.target_ref, torch.nn.Module):
-            return self.target_ref.get_input_embeddings().weight.detach().cpu()
+            return getattr(self.target_ref, module)().weight.detach().cpu()
         where, extra = self.target_location()
         if "gguf_file" in extra:
-            return gguf_embedding(Path(where) / extra["gguf_file"])
-        return read_target_tensor(where, EMBEDDING_KEYS, extra.get("revision"), "embedding")
+            return from_gguf(Path(where) / extra["gguf_file"])
+        return read_target_tensor(where, keys, extra.get("revision"), which)
 
     def target_location(self) -> tuple[str, dict]:
         """Where the target is, resolved as load_target resolves it (the embedded alias included), offline, with the
@@ -393,6 +393,9 @@ def check_fits_target(saved: SavedDrafter) -> None:
 
 # where a checkpoint keeps its input embedding (a tied lm_head is the same table): text models, then multimodal ones
 EMBEDDING_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight")
+# SavedDrafter.target_table: table -> (the model's accessor, the GGUF reader, the safetensors keys in order)
+TARGET_TABLES = {"lm_head": ("get_output_embeddings", gguf_lm_head, ("lm_head.weight", *EMBEDDING_KEYS)),
+                 "embedding": ("get_input_embeddings", gguf_embedding, EMBEDDING_KEYS)}
 
 
 def read_target_tensor(name: str, keys: tuple[str, ...], revision: str | None = None,
