@@ -30,7 +30,7 @@ from draftheads.core.errors import DraftheadsError
 from draftheads.heads.dflash import DFlashDrafter, check_block_settings, resolve_block_settings
 from draftheads.heads.parts.dspark_drafting import DSparkDrafting, VerifyCosts
 from draftheads.heads.parts.dspark_training import dspark_labels, dspark_loss
-from draftheads.heads.parts.markov_head import ConfidenceHead, MarkovHead
+from draftheads.heads.parts.markov_head import ConfidenceHead, MarkovBiased, MarkovHead
 from draftheads.heads.parts.objective import HEAD_OWN, Objective
 from draftheads.heads.parts.target_init import Init, init_setting
 from draftheads.heads.parts.protocol import drafting_methods
@@ -88,7 +88,7 @@ class DSparkConfig:
         return self.block_size
 
 
-class DSparkDrafter(DFlashDrafter):
+class DSparkDrafter(MarkovBiased, DFlashDrafter):
     """DFlash's backbone, every slot drafting, plus the Markov and confidence heads."""
 
     def __init__(self, config: DSparkConfig, target_config):
@@ -106,10 +106,6 @@ class DSparkDrafter(DFlashDrafter):
     def run_block(self, pending: torch.Tensor, start: int, context_kv: list) -> torch.Tensor:
         """One drafting forward: every slot of [pending, M, ..., M] drafts, [b, B, H]."""
         return self.block_output(pending, start, context_kv)
-
-    def markov_logits(self, base: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-        """A slot's logits [..., C] given the token before it [...]: base + the Markov bias."""
-        return base if self.markov_head is None else base + self.markov_head.bias(prev)
 
     def slot_logits(self, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
         return self.markov_logits(self.draft_logits(hidden), prev)

@@ -11,6 +11,10 @@ a P-EAGLE folder is an EAGLE-3 folder plus `mask_hidden` and a mask token id (vL
 parallel_drafting). The slots do not read the drafted tokens, so each depth's distribution is the same for every
 node at that depth, as DFlash's (trees: heads/parts/block_drafting.py). Training (heads/parts/peagle_training.py)
 replaces the training-time-test unroll by one pass over all depths with COD subsampling.
+
+`head.markov_rank > 0` adds DSpark's fix for that (heads/parts/markov_head.py): a rank-r logit bias conditioned on
+the token before each slot, trained on the real previous token, applied while the tree is drafted left to right
+(heads/parts/markov_drafting.py). No engine runs it on P-EAGLE, so such a drafter exports only natively.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from draftheads.heads.parts.common import resolve_mask_token
 from draftheads.heads.parts.draft_layer import LayerDrafting
 from draftheads.heads.parts.draft_tree import Sampling
 from draftheads.heads.parts.layers import causal_visible
+from draftheads.heads.parts.markov_drafting import markov_tree
+from draftheads.heads.parts.markov_head import MarkovBiased, MarkovHead
 from draftheads.heads.parts.peagle_training import parallel_set_objective, parallel_training_loss
 from draftheads.heads.parts.target_init import Init, init_setting
 from draftheads.heads.parts.protocol import drafting_methods
@@ -59,6 +65,8 @@ class PEagleConfig:
     default_tree: str | None = doc(None, "tree used when the caller gives none (default chain:depths)")
     init: Init = init_setting()
     init_from: str | None = doc(None, "start from an existing P-EAGLE drafter (native or an engine layout)")
+    markov_rank: int = doc(0, "rank of a DSpark-style Markov head, a logit bias W2 · W1[previous token] on every slot "
+                              "(0: none, the slots drafted independently, what the engines load)")
     draft_layer: Literal["llama", "target"] | None = doc(None, "the draft layer's class, as head.type eagle3's "
                                                                "(default llama, what the engines load)")
 
@@ -67,6 +75,7 @@ class PEagleConfig:
         check(0 < self.cod_ratio <= 1, f"head.cod_ratio must be in (0, 1], got {self.cod_ratio}")
         check(0 < self.cod_min <= 1, f"head.cod_min must be in (0, 1], got {self.cod_min}")
         check(0 < self.depth_decay <= 1, f"head.depth_decay must be in (0, 1], got {self.depth_decay}")
+        check(self.markov_rank >= 0, f"head.markov_rank must be >= 0 (0: no Markov head), got {self.markov_rank}")
         check(self.input_noise >= 0, f"head.input_noise must be >= 0, got {self.input_noise}")
         check(self.draft_vocab_size is None or self.draft_vocab_size > 0, "head.draft_vocab_size must be positive")
         check_feature_layers(self.feature_layers)
@@ -101,6 +110,8 @@ class ParallelDrafting(LayerDrafting):
         slots = [model.draft_logits(self.root_out)[:, None]]  # depth 1: the anchor's own slot, already run
         if tree.depth > 1:  # causal slots: a shallower tree needs only the first ones
             slots.append(model.draft_logits(self.slot_outputs(model, tree.depth - 1)))
+        if model.markov_head is not None:
+            return markov_tree(model, tree, self.root_token, torch.cat(slots, dim=1), sampling)
         return tree_from_slots(tree, self.root_token, torch.cat(slots, dim=1), sampling, model.vocab)
 
     def slot_outputs(self, model: PEagleDrafter, count: int) -> torch.Tensor:
@@ -116,14 +127,16 @@ class ParallelDrafting(LayerDrafting):
         return out
 
 
-class PEagleDrafter(Eagle3Drafter):
+class PEagleDrafter(MarkovBiased, Eagle3Drafter):
     """EAGLE-3's layer and ends, a learned mask hidden vector, and drafting/training that make every depth in one
-    pass."""
+    pass; optionally a Markov head."""
 
     def __init__(self, config: PEagleConfig, target_config):
         super().__init__(config, target_config)
         # speculators and vLLM keep the mask vector before fc, [1, 1, 3H]; a unit-scale start like the features'
         self.mask_hidden = nn.Parameter(torch.randn(1, 1, 3 * self.hidden_size))
+        rank = config.markov_rank
+        self.markov_head = MarkovHead(self.vocab_size, config.draft_vocab_size, rank) if rank else None
 
     def mask_slots(self, b: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """(carry [b, n, H], tokens [b, n]) of n mask slots."""

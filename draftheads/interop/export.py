@@ -204,6 +204,9 @@ def refusal(saved: SavedDrafter, fmt: str) -> str | None:
     family = saved.layer_family if kind in EAGLE3_KINDS else saved.family
     if fmt == "native":
         return None
+    if kind == "peagle" and saved.head.markov_rank:
+        return ("no engine runs a Markov head on P-EAGLE's slots (head.markov_rank > 0), and without it the slots "
+                "draft otherwise than trained; serve it in draftheads' loop, or train with head.markov_rank: 0")
     if kind == "medusa2":
         return ("Medusa-2 heads read the LoRA-adapted target, which engines do not build; merge the adapter into the "
                 "target first")

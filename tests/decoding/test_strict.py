@@ -314,8 +314,8 @@ def two_token_law(model, prompt: torch.Tensor, temperature, top_k, top_p) -> tor
 
 def block_drafter(model, kind: str = "dflash", tree: str = "static:[(0,), (1,), (0, 0)]", **settings):
     """A random DFlash, DSpark or P-EAGLE drafter for the small target: every depth drafted at once from per-slot q
-    (DSpark: each node's children from its slot's q given the node's own token; a dynamic tree: the best nodes over
-    per-slot draws, point masses)."""
+    (DSpark, and P-EAGLE with a Markov head: each node's children from its slot's q given the node's own token; a
+    dynamic tree: the best nodes over per-slot draws, point masses)."""
     import draftheads
     from tests.heads.batches import perturb
 
@@ -323,7 +323,7 @@ def block_drafter(model, kind: str = "dflash", tree: str = "static:[(0,), (1,), 
     size = {"dflash": {"block_size": 3}, "dspark": {"block_size": 2, "markov_rank": 4}}.get(kind, {"depths": 2})
     drafter = draftheads.build_drafter(kind, model, **size, **settings, default_tree=tree)
     perturb(drafter, scale=0.3)
-    if kind == "dspark":
+    if getattr(drafter, "markov_head", None) is not None:
         with torch.no_grad():  # a Markov bias as wide as the slot logits, so drafts depend on the token before them
             drafter.markov_head.markov_w2.weight.mul_(30.0)
     return drafter.eval()
@@ -340,7 +340,7 @@ def scheduled_dspark(model):
     return drafter
 
 
-@pytest.mark.parametrize("kind", ["random", "dflash", "dflash-dynamic", "peagle", "suffix", "dspark",
+@pytest.mark.parametrize("kind", ["random", "dflash", "dflash-dynamic", "peagle", "peagle-markov", "suffix", "dspark",
                                   pytest.param("dspark-dynamic", marks=pytest.mark.slow), "dspark-scheduled"])
 def test_real_loop_two_token_joint_matches_plain_sampling(kind, temperature=0.8, top_k=6, top_p=0.9):
     """speculative_generate with a deliberately poor drafter (q unrelated to the target, children sampled from it;
@@ -351,12 +351,14 @@ def test_real_loop_two_token_joint_matches_plain_sampling(kind, temperature=0.8,
     from draftheads.decoding.suffix import SuffixDrafter
     from tests.decoding.stubs import RandomDrafter
 
-    model, prompt, runs = small_target(layers=3 if kind == "peagle" else 1), torch.tensor([[2, 5, 7, 3, 9]]), 1200
+    model = small_target(layers=3 if kind.startswith("peagle") else 1)
+    prompt, runs = torch.tensor([[2, 5, 7, 3, 9]]), 1200
     tree = Tree.from_paths([(0,), (1,), (0, 0)])
     drafters = {"random": lambda: RandomDrafter(16, sampled=True, tree=tree), "suffix": lambda: SuffixDrafter(),
                 "dflash-dynamic": lambda: block_drafter(model, "dflash", "dynamic:2,2,3"),
                 "dspark-dynamic": lambda: block_drafter(model, "dspark", "dynamic:2,2,3"),
-                "dspark-scheduled": lambda: scheduled_dspark(model)}
+                "dspark-scheduled": lambda: scheduled_dspark(model),
+                "peagle-markov": lambda: block_drafter(model, "peagle", markov_rank=4)}
     drafter = drafters[kind]() if kind in drafters else block_drafter(model, kind)
     counts = torch.zeros(16 * 16)
     accepted = 0

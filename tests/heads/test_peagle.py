@@ -6,6 +6,7 @@ import torch
 
 import draftheads
 from draftheads.core.errors import DraftheadsError
+from draftheads.core.tree import Tree
 from draftheads.decoding.generate import speculative_generate
 from draftheads.heads.parts.peagle_training import cod_slots, parallel_forward, slot_visible
 from tests.fixtures import make_target
@@ -112,6 +113,39 @@ def test_a_tree_deeper_than_the_depths_is_refused_in_one_line(target):
         speculative_generate(target, drafter, ids, 8, tree="chain:5")
     with pytest.raises(DraftheadsError, match="head.default_tree is 5 deep"):
         draftheads.build_drafter("peagle", target, depths=4, default_tree="chain:5")
+
+
+def markov_peagle(target):
+    """A random P-EAGLE with a Markov head wide enough to change the slots' argmax."""
+    drafter = peagle(target, markov_rank=8, input_noise=0.0)
+    with torch.no_grad():
+        drafter.markov_head.markov_w2.weight.mul_(50.0)
+    return drafter
+
+
+def test_markov_slots_train_on_the_real_previous_token_and_draft_on_the_drafted_one(target):
+    """Training's loss at every (anchor, depth) is the drafted slot's soft cross-entropy given the row's real token
+    before it; drafting a chain gives each slot the token drafted before it instead."""
+    drafter = markov_peagle(target)
+    ids = torch.randint(0, 300, (1, 12), generator=torch.Generator().manual_seed(4))
+    features = target_features(target, ids, None, drafter.feature_layers)
+    with torch.no_grad():
+        _, metrics = drafter.training_loss(row_batch(ids, features))
+        loss_sum = torch.zeros(DEPTHS)
+        for a in range(ids.shape[1] - 2):
+            base = drafter.draft_logits(drafted_outputs(drafter, target, ids, a))
+            for d in range(min(DEPTHS, ids.shape[1] - 2 - a)):   # slot d drafts x_{a+d+2} after x_{a+d+1}
+                log_q = drafter.markov_logits(base[d], ids[0, a + d + 1]).log_softmax(-1)
+                p = drafter.target_logits(features[0, a + d + 1, -drafter.hidden_size:]).float().softmax(-1)
+                loss_sum[d] += -(p * log_q).sum()
+        torch.testing.assert_close(metrics["loss_sum"], loss_sum, **CLOSE)
+        proposal = drafter.propose(Tree.chain(DEPTHS))   # after the last observe: anchor 9, x_10 pending
+        token, expected = ids[:, 10], []
+        for d in range(DEPTHS):
+            token = drafter.vocab.to_target(drafter.markov_logits(base[d][None], token).argmax(-1))
+            expected.append(int(token))
+    assert proposal.tokens[0, 1:].tolist() == expected
+    assert drafter.vocab.to_target(base.argmax(-1)).tolist() != expected   # the slots alone draft another chain
 
 
 @torch.no_grad()

@@ -1,11 +1,6 @@
-"""Drafting with DSpark: one backbone forward for the block, then the Markov head left to right.
-
-The backbone's slot d gives every node at depth d the same base logits; the Markov head adds a bias conditioned on
-the node's own token, so a node's children come from base_d + bias(node's token). In a chain that is DeepSpec's
-left-to-right sampling; in a static tree each node's children are drawn from (or are the top-k of) exactly that
-distribution, given as the node's q, so the strict rule stays exact (heads/parts/draft_tree.draft_static). A dynamic
-tree `dynamic:K,D,N` is DDTree's best-first search with each node's candidates computed when the node is kept (the
-candidates depend on the node's token, not only its depth).
+"""Drafting with DSpark: one backbone forward for the block, then the Markov head left to right
+(heads/parts/markov_drafting.py: chains, static trees and DDTree's dynamic trees, each node's children given its own
+token), and confidence-scheduled verification.
 
 Confidence-scheduled verification (`head.verify: scheduled`, costs given by `set_verify_costs`): a drafted chain is
 cut where one more draft stops paying. With P_j the product of the confidences up to slot j (the chance that drafts
@@ -28,9 +23,9 @@ import torch
 from draftheads.core.drafter import Proposal
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.tree import DynamicTreeSpec, Tree
-from draftheads.heads.parts.block_drafting import BlockDrafting, best_first
-from draftheads.heads.parts.draft_tree import (Sampling, child_distribution, choose_children, draft_static,
-                                               forest_to_tree, node_depth, single_root)
+from draftheads.heads.parts.block_drafting import BlockDrafting
+from draftheads.heads.parts.draft_tree import Sampling
+from draftheads.heads.parts.markov_drafting import markov_tree
 
 
 @dataclass(frozen=True)
@@ -73,40 +68,16 @@ class DSparkDrafting(BlockDrafting):
             raise DraftheadsError(f"tree depth {tree.depth} exceeds what a DSpark block of {limit} drafts; use a "
                                   f"tree of depth <= {limit} or train a larger head.block_size")
         hidden = model.run_block(self.root_token, self.committed, self.context)  # [b, B, H]
-        base = model.draft_logits(hidden)  # [b, B, C]
-        if isinstance(tree, DynamicTreeSpec):
-            forest = best_first(tree, single_root(self.root_token), markov_candidates(model, base[0], tree.top_k,
-                                                                                    sampling))
-            tree, tokens = forest_to_tree(forest, list(range(1, len(forest.parents))))
-            return Proposal(tree, tokens.to(self.root_token.device), None)
-
-        def expand(nodes: list[int], parents: list[int], tokens: torch.Tensor) -> torch.Tensor:
-            return model.markov_logits(base[:, [node_depth(parents, node) for node in nodes]], tokens[:, nodes])
-
-        tree = tree.compacted() if sampling.sampled else tree
-        tokens, q = draft_static(tree, self.root_token, expand, sampling, model.vocab)
-        if tree.is_chain and model.verify_costs is not None and tree.depth > 0:
-            tree, tokens, q = scheduled_chain(model, hidden, tokens, q)
-        return Proposal(tree, tokens, q)
+        proposal = markov_tree(model, tree, self.root_token, model.draft_logits(hidden), sampling)
+        if isinstance(tree, Tree) and proposal.tree.is_chain and model.verify_costs is not None and tree.depth > 0:
+            return scheduled_chain(model, hidden, proposal)
+        return proposal
 
 
-def markov_candidates(model, base: torch.Tensor, top_k: int, sampling: Sampling):
-    """candidates(depth, token) for best_first: the top_k children (or draws) of a node at `depth` whose token is
-    `token`, by log-probability, from base[depth] + the Markov bias of the token."""
-
-    def candidates(depth: int, token: int) -> tuple[list[float], list[int]]:
-        logits = model.markov_logits(base[depth][None], torch.tensor([token], device=base.device))
-        probs = child_distribution(logits, sampling, top_k)
-        picked = choose_children(probs, top_k, sampling)
-        logp, order = probs.gather(-1, picked).log().sort(-1, descending=True)
-        return logp[0].tolist(), model.vocab.to_target(picked.gather(-1, order))[0].tolist()
-
-    return candidates
-
-
-def scheduled_chain(model, hidden: torch.Tensor, tokens: torch.Tensor, q):
-    """The drafted chain (tokens [1, L + 1], q) cut to the drafts whose confidence pays for their verification."""
+def scheduled_chain(model, hidden: torch.Tensor, drafted: Proposal) -> Proposal:
+    """The drafted chain cut to the drafts whose confidence pays for their verification."""
+    tokens, q = drafted.tokens, drafted.q
     depth = tokens.shape[1] - 1
     confidence = model.confidence_logits(hidden[:, :depth], tokens[:, :depth]).sigmoid()[0].tolist()
     keep = scheduled_length(confidence, model.verify_costs)
-    return Tree.chain(keep), tokens[:, : keep + 1], None if q is None else q[:, : keep + 1]
+    return Proposal(Tree.chain(keep), tokens[:, : keep + 1], None if q is None else q[:, : keep + 1])

@@ -39,6 +39,16 @@ class MarkovHead(nn.Module):
         return self.markov_w2(self.embed(prev)).float()
 
 
+class MarkovBiased:
+    """For a drafter whose `markov_head` is a MarkovHead or None (no bias: the slots drafted independently)."""
+
+    markov_head: MarkovHead | None
+
+    def markov_logits(self, base: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """A slot's logits [..., C] given the token before it [...]: base + the Markov bias."""
+        return base if self.markov_head is None else base + self.markov_head.bias(prev)
+
+
 class ConfidenceHead(nn.Module):
     """DeepSpec's AcceptRatePredictor: one linear map of [h; W1[prev]] (or h alone) to an acceptance logit."""
 

@@ -9,7 +9,9 @@ slot of every depth in one call over that cache.
 COD subsampling (as the P-EAGLE paper and speculators do): depth d keeps a share max(cod_ratio^d, cod_min) of the
 anchors, drawn among those depth d - 1 kept, so every kept slot's chain of earlier slots is there to attend to. Loss:
 the recipe's token loss (by default soft cross-entropy against the target's distribution restricted to the draft
-vocabulary, EAGLE-3's), a mean over every trained position weighted depth_decay^d (or train.depth_weights).
+vocabulary, EAGLE-3's), a mean over every trained position weighted depth_decay^d (or train.depth_weights). With a
+Markov head, the slot predicting x_{a+d+2} adds the bias of the real token before it, x_{a+d+1} (teacher forcing, as
+DSpark trains it).
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def depth_losses(model, features, input_ids, outputs) -> tuple[torch.Tensor, dic
         if out.shape[0] == 0:
             continue
         labels = input_ids[rows, anchor + d + 2]
-        logits = model.draft_logits(out)
+        logits = model.markov_logits(model.draft_logits(out), input_ids[rows, anchor + d + 1])
         with torch.no_grad():  # the target predicts x_{a+d+2} from its last hidden state at a + d + 1
             target_log_p = None if kind == "ce" else model.target_logits(
                 features[rows, anchor + d + 1, -model.hidden_size:]).float().log_softmax(-1)
