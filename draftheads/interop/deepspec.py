@@ -22,7 +22,7 @@ import torch
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.target_dims import target_dims, text_config
 from draftheads.heads.parts import draft_vocab
-from draftheads.interop.dflash_layout import check_shared_rows, dflash_tensors, dflash_to_engine
+from draftheads.interop.dflash_layout import check_shared_rows, dflash_tensors, dflash_to_engine, refuse_other_dspark
 from draftheads.interop.eagle_layout import engine_layer_config
 from draftheads.interop.layout import Layout, LoaderFile, Tensor
 from draftheads.interop.native import SavedDrafter
@@ -118,14 +118,14 @@ def logit_change(saved: SavedDrafter) -> str | None:
 def refusal(saved: SavedDrafter) -> str | None:
     """DeepSpec drafts over the whole vocabulary, embeds with a plain table and adds the Markov bias to lm_head's
     logits as they are."""
-    change = logit_change(saved)
-    if change:
-        return (f"DeepSpec's Qwen3DSparkModel adds the Markov bias to the lm_head's logits as they are, and this "
-                f"{saved.family} target transforms its logits first ({change}), as this drafter was trained")
     if saved.head.draft_vocab_size is not None:
         return (f"DeepSpec's Qwen3DSparkModel drafts over the target's whole vocabulary and this drafter among "
                 f"{saved.head.draft_vocab_size} tokens (head.draft_vocab_size); export it as 'vllm', whose dspark "
                 "method takes a draft vocabulary, or train with head.draft_vocab_size unset")
+    change = logit_change(saved)  # reads the target's config: after the check its own config answers
+    if change:
+        return (f"DeepSpec's Qwen3DSparkModel adds the Markov bias to the lm_head's logits as they are, and this "
+                f"{saved.family} target transforms its logits first ({change}), as this drafter was trained")
     scale = SCALED_EMBEDDING.get(saved.family)
     if scale:
         return (f"DeepSpec's Qwen3DSparkModel embeds the block with a plain copy of the embedding table, without the "
@@ -144,16 +144,8 @@ def serve_command(s: SavedDrafter, model: str, target: str) -> str:
 def read_dspark(config: dict, tensors: dict, target) -> tuple[dict, dict]:
     """(head structure, native state) of a Qwen3DSparkModel folder in DeepSpec's dialect or vLLM's (a draft
     vocabulary as lm_head rows and d2t), checked against `target`: its embedding and lm_head must be the target's."""
-    if config.get("dspark_bonus_anchor"):
-        raise DraftheadsError("this DSpark folder drafts after a bonus anchor slot (dspark_bonus_anchor: true), "
-                              "which draftheads' DSpark does not; it reads DeepSpec's block, every slot drafting")
-    if config.get("sample_from_anchor") is False:
-        raise DraftheadsError("this DSpark folder drafts from the mask slots only (sample_from_anchor: false), which "
-                              "draftheads' DSpark does not")
     rank = int(config.get("markov_rank") or 0)
-    if rank and config.get("markov_head_type", "vanilla") != "vanilla":
-        raise DraftheadsError(f"this DSpark folder's Markov head is '{config['markov_head_type']}'; draftheads reads "
-                              "the first-order one (markov_head_type: vanilla) only")
+    refuse_other_dspark(config, rank, "this DSpark folder")
     layers, mask = target_layer_ids(config), mask_token(config)
     missing = [name for name, value in (("target_layer_ids", layers), ("block_size", config.get("block_size")),
                                         ("mask_token_id", mask)) if value is None]

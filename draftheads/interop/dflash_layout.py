@@ -108,3 +108,17 @@ def check_shared_rows(lm_head: torch.Tensor, d2t: torch.Tensor, target) -> None:
     if not torch.allclose(lm_head.float(), rows.float(), atol=1e-2, rtol=1e-2):
         raise DraftheadsError("this DFlash folder's lm_head is not the target's rows for its draft vocabulary (an own "
                               "lm head, which draftheads' DFlash does not have); it cannot be loaded here")
+
+
+def refuse_other_dspark(config: dict, rank: int, folder: str) -> None:
+    """One line when an engine DSpark folder (`folder`: whose) drafts otherwise than draftheads' DSpark: after a bonus
+    anchor slot, from the mask slots only, or with a Markov head other than the first-order one."""
+    if config.get("dspark_bonus_anchor"):
+        raise DraftheadsError(f"{folder} drafts after a bonus anchor slot (dspark_bonus_anchor: true), which "
+                              "draftheads' DSpark does not; it reads DeepSpec's block, every slot drafting")
+    if config.get("sample_from_anchor") is False:
+        raise DraftheadsError(f"{folder} drafts from the mask slots only (sample_from_anchor: false), which "
+                              "draftheads' DSpark does not; train it with sample_from_anchor: true")
+    if rank and config.get("markov_head_type", "vanilla") != "vanilla":
+        raise DraftheadsError(f"{folder}'s Markov head is '{config['markov_head_type']}'; draftheads reads the "
+                              "first-order one (markov_head_type: vanilla) only")

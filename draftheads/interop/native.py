@@ -12,6 +12,7 @@ tensors and config: what the engine exports (interop/export.py) are written from
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -248,6 +249,7 @@ class SavedDrafter:
     target_ref: object  # a loaded model, a path / hub id, or None (use the recorded target name)
     speculative_tokens_given: int | None = None
     noted: bool = field(default=False, repr=False)  # the recorded settings' note printed once
+    read_target_config: object = field(default=None, repr=False)  # target_config() read from disk once
 
     @classmethod
     def read(cls, src, target_ref=None, dtype: torch.dtype | None = None,
@@ -309,13 +311,14 @@ class SavedDrafter:
         """The target's full (text) config: layer sizes, rope, norms for an engine's config.json."""
         if isinstance(self.target_ref, torch.nn.Module):
             return text_config(self.target_ref.config)
-        where, extra = self.target_location()
-
-        try:
-            return text_config(AutoConfig.from_pretrained(where, **extra))
-        except (OSError, ValueError) as e:
-            raise DraftheadsError(f"cannot read the target config from '{self.target_name()}' "
-                                  f"({str(e).splitlines()[0][:120]}); pass --target PATH") from None
+        if self.read_target_config is None:  # an export asks several times (fit, refusals, the engine's config)
+            where, extra = self.target_location()
+            try:
+                self.read_target_config = text_config(AutoConfig.from_pretrained(where, **extra))
+            except (OSError, ValueError) as e:
+                raise DraftheadsError(f"cannot read the target config from '{self.target_name()}' "
+                                      f"({str(e).splitlines()[0][:120]}); pass --target PATH") from None
+        return copy.deepcopy(self.read_target_config)  # callers may edit theirs
 
     def layer_config(self):
         """The config of the drafter's decoder layer as the engines build it: the Llama layer EAGLE-3 uses by default

@@ -11,7 +11,7 @@ import shlex
 
 from draftheads.core.errors import DraftheadsError
 from draftheads.heads.native_mtp import merged_state
-from draftheads.interop.dflash_layout import dflash_tensors, dflash_to_engine, read_dflash
+from draftheads.interop.dflash_layout import dflash_tensors, dflash_to_engine, read_dflash, refuse_other_dspark
 from draftheads.interop.eagle_layout import (
     eagle3_fields,
     eagle3_tensors,
@@ -254,17 +254,13 @@ def read_speculators_dflash(config: dict, tensors: dict, target) -> tuple[dict, 
 def read_speculators_dspark(config: dict, tensors: dict, target) -> tuple[dict, dict]:
     """(head structure, native state) of a speculators DSpark folder: DFlash's reading, every slot drafting, and the
     Markov and confidence heads under the same names as ours."""
-    if config.get("sample_from_anchor") is False:
-        raise DraftheadsError("this speculators DSpark folder drafts from the mask slots only (sample_from_anchor: "
-                              "false), which draftheads' DSpark does not; train it with sample_from_anchor true")
-    if config.get("markov_head_type", "vanilla") != "vanilla":
-        raise DraftheadsError(f"this speculators DSpark folder's Markov head is '{config['markov_head_type']}'; "
-                              "draftheads reads the first-order one (markov_head_type: vanilla) only")
+    rank = int(config.get("markov_rank", 256))   # speculators' default
+    refuse_other_dspark(config, rank, "this speculators DSpark folder")
     heads = ("markov_head.", "confidence_head.")
     dflash = {k: v for k, v in tensors.items() if not k.startswith(heads)}
     head, state = read_speculators_dflash({**config, "sample_from_anchor": False}, dflash, target)
     confidence = bool(config.get("enable_confidence_head", True))
-    head.update(type="dspark", markov_rank=int(config.get("markov_rank", 256)), confidence=confidence,
+    head.update(type="dspark", markov_rank=rank, confidence=confidence,
                 confidence_with_markov=confidence and bool(config.get("confidence_head_with_markov", True)))
     state.update({k: v for k, v in tensors.items() if k.startswith(heads)})
     return head, state

@@ -636,6 +636,21 @@ def test_deepspec_refuses_a_draft_vocabulary_and_names_vllm(natives, tmp_path):
         export_drafter(native, "deepspec", tmp_path / "deepspec")
 
 
+@pytest.mark.parametrize("fmt", ["deepspec", "speculators"])
+@pytest.mark.parametrize("setting,reason", [({"dspark_bonus_anchor": True}, "bonus anchor slot"),
+                                            ({"sample_from_anchor": False}, "from the mask slots only"),
+                                            ({"markov_head_type": "second_order"}, "Markov head is 'second_order'")])
+def test_an_engine_dspark_folder_that_drafts_otherwise_is_refused_on_load(fmt, setting, reason, targets, natives,
+                                                                          tmp_path):
+    _, native = natives("qwen3", "dspark-full")
+    folder = export_drafter(native, fmt, tmp_path / fmt)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **setting}))
+    with pytest.raises(DraftheadsError, match=reason) as err:
+        load_drafter(folder, targets["qwen3"])
+    assert "\n" not in str(err.value)
+
+
 # ---- refusals ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("head", list(HEADS))
@@ -676,6 +691,19 @@ def test_medusa2_is_refused(natives, tmp_path):
     medusa2 = edited_native(native, tmp_path / "medusa2", to_dict(drafter.config) | {"medusa2": True})
     with pytest.raises(DraftheadsError, match="Medusa-2.*formats for it: native$"):
         export_drafter(medusa2, "vllm", tmp_path / "a")
+
+
+def test_a_peagle_with_a_markov_head_exports_only_natively(targets, tmp_path):
+    """No engine adds a Markov bias to P-EAGLE's slots: without it they would draft otherwise than trained."""
+    target = targets["llama"]
+    drafter = build_drafter("peagle", target, draft_vocab_size=VD, depths=3, markov_rank=8)
+    native = save_drafter(drafter, tmp_path / "native", target=target)
+    for fmt in ("vllm", "speculators"):
+        with pytest.raises(DraftheadsError, match="Markov head on P-EAGLE.*formats for it: native$"):
+            export_drafter(native, fmt, tmp_path / fmt)
+    back = load_drafter(native, target)
+    assert back.config.markov_rank == 8
+    torch.testing.assert_close(back.markov_head.markov_w1.weight, drafter.markov_head.markov_w1.weight)
 
 
 def tiny_deepseek_v3(vocab):
