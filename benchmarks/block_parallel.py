@@ -10,7 +10,8 @@ sizes.
 Trains (or resumes, when a run folder holds a finished run of the same settings) one EAGLE-3 drafter (the
 eagle3-smollm2 head), one P-EAGLE drafter (the peagle-smollm2 head), one DFlash drafter per block size (the dflash-
 smollm2 head), one DSpark drafter (the dspark-smollm2 head) and, as `dspark-r0`, the same without its Markov head
-(rank 0: what the Markov head adds, every other choice equal) on the same target-generated data folder, each for the
+(rank 0: what the Markov head adds, every other choice equal), and as `peagle-markov` P-EAGLE with DSpark's Markov
+head (head.markov_rank at DSpark's rank) on the same target-generated data folder, each for the
 same CPU minutes at a constant learning rate after warm-up, then evaluates all of them in one `draftheads eval` run
 (timings interleaved: each prompt is decoded by every configuration before the next prompt), beside prompt lookup
 and each learned drafter combined with it. Each drafter is its run's best/ one (the step whose held-out simulated
@@ -63,13 +64,17 @@ def main() -> None:
     data = {**recipe_section(args.recipe, "data"), "output": args.data}
     runs = Path(args.runs)
     wanted = args.drafters.split(",")
-    if set(wanted) - {"eagle3", "peagle", "dflash", "dspark", "dspark-r0"}:
-        raise SystemExit(f"--drafters {args.drafters}: choose from eagle3, peagle, dflash, dspark, dspark-r0")
+    kinds = ("eagle3", "peagle", "peagle-markov", "dflash", "dspark", "dspark-r0")
+    if set(wanted) - set(kinds):
+        raise SystemExit(f"--drafters {args.drafters}: choose from {', '.join(kinds)}")
     heads = {}
     if "eagle3" in wanted:
         heads[EAGLE3_RUN] = recipe_section("eagle3-smollm2", "head")
     if "peagle" in wanted:
         heads["peagle"] = recipe_section("peagle-smollm2", "head")
+    if "peagle-markov" in wanted:   # DSpark's fix on P-EAGLE's slots, at DSpark's rank
+        heads["peagle-markov"] = {**recipe_section("peagle-smollm2", "head"),
+                                  "markov_rank": recipe_section("dspark-smollm2", "head")["markov_rank"]}
     if "dflash" in wanted:
         dflash = recipe_section("dflash-smollm2", "head")
         heads.update({f"dflash-b{b}": {**dflash, "block_size": int(b)} for b in args.blocks.split(",") if b})
