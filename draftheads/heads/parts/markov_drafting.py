@@ -39,13 +39,28 @@ def markov_tree(model, tree: Tree | DynamicTreeSpec, root_token: torch.Tensor, b
 
 def markov_candidates(model, base: torch.Tensor, top_k: int, sampling: Sampling):
     """candidates(depth, token) for best_first: the top_k children (or draws) of a node at `depth` whose token is
-    `token`, by log-probability, from base[depth] + the Markov bias of the token."""
+    `token`, by log-probability, from base[depth] + the Markov bias of the token.
 
-    def candidates(depth: int, token: int) -> tuple[list[float], list[int]]:
-        logits = model.markov_logits(base[depth][None], torch.tensor([token], device=base.device))
+    A node's candidates depend only on (depth, token), so they are kept once computed; and a node's siblings are
+    computed with it, in one product: the bias's [rank x columns] matrix is read once for them all (a single row's
+    product is bound by reading that matrix, ~0.2 ms for 256 x 8,192 in bf16)."""
+    found: dict[tuple[int, int], tuple[list[float], list[int]]] = {}
+    siblings: dict[tuple[int, int], list[int]] = {}  # (depth, token) -> the tokens drafted beside it
+
+    def compute(depth: int, tokens: list[int]) -> None:
+        prev = torch.tensor(tokens, device=base.device)
+        logits = model.markov_logits(base[depth][None].expand(len(tokens), -1), prev)
         probs = child_distribution(logits, sampling, top_k)
         picked = choose_children(probs, top_k, sampling)
         logp, order = probs.gather(-1, picked).log().sort(-1, descending=True)
-        return logp[0].tolist(), model.vocab.to_target(picked.gather(-1, order))[0].tolist()
+        for token, scores, kids in zip(tokens, logp.tolist(), model.vocab.to_target(picked.gather(-1, order)).tolist()):
+            found[(depth, token)] = (scores, kids)
+            siblings.update({(depth + 1, kid): kids for kid in kids})
+
+    def candidates(depth: int, token: int) -> tuple[list[float], list[int]]:
+        if (depth, token) not in found:
+            group = siblings.get((depth, token), [token])
+            compute(depth, [t for t in dict.fromkeys([token, *group]) if (depth, t) not in found])
+        return found[(depth, token)]
 
     return candidates
