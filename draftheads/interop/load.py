@@ -39,6 +39,9 @@ STRUCTURE = {"medusa": ("type", "num_heads", "num_layers", "lm_head", "draft_voc
 def load_drafter(path, target):
     """A drafter from `path` (a drafter folder of any layout, or a run folder), checked against `target`,
     bound to it and placed on its device and dtype."""
+    if isinstance(target, tuple):   # load_target's (model, tokenizer), passed whole
+        raise DraftheadsError("load_drafter takes the target model, and was given a tuple: pass load_target(...)[0] "
+                              "(load_target returns the model and its tokenizer)")
     folder = resolve_drafter_folder(path)
     config = read_config(folder)
     if config.get("format") == FORMAT:

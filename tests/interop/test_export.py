@@ -743,6 +743,12 @@ def test_unknown_format_and_foreign_folder_are_one_line_errors(natives, targets,
         load_drafter(tmp_path / "junk", targets["llama"])
 
 
+def test_load_drafter_given_load_targets_tuple_says_which_item(natives, targets):
+    _, native = natives("llama", "eagle3")
+    with pytest.raises(DraftheadsError, match=r"given a tuple: pass load_target\(\.\.\.\)\[0\]"):
+        load_drafter(native, (targets["llama"], None))
+
+
 def test_native_export_validates_and_copies(natives, tmp_path):
     drafter, native = natives("llama", "eagle")
     out = export_drafter(native, "native", tmp_path / "copy")
