@@ -110,9 +110,10 @@ class ParallelDrafting(LayerDrafting):
         slots = [model.draft_logits(self.root_out)[:, None]]  # depth 1: the anchor's own slot, already run
         if tree.depth > 1:  # causal slots: a shallower tree needs only the first ones
             slots.append(model.draft_logits(self.slot_outputs(model, tree.depth - 1)))
+        base = torch.cat(slots, dim=1)  # [b, depth, C]: slot d drafts the children of every node at depth d
         if model.markov_head is not None:
-            return markov_tree(model, tree, self.root_token, torch.cat(slots, dim=1), sampling)
-        return tree_from_slots(tree, self.root_token, torch.cat(slots, dim=1), sampling, model.vocab)
+            return markov_tree(model, tree, self.root_token, base, sampling)
+        return tree_from_slots(tree, self.root_token, base, sampling, model.vocab)
 
     def slot_outputs(self, model: PEagleDrafter, count: int) -> torch.Tensor:
         """The layer's outputs [b, count, H] of mask slots 1..count after the committed positions (depths 2..)."""
