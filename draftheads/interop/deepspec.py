@@ -20,7 +20,7 @@ import shlex
 import torch
 
 from draftheads.core.errors import DraftheadsError
-from draftheads.core.target_dims import target_dims, text_config
+from draftheads.core.target_dims import target_dims
 from draftheads.heads.parts import draft_vocab
 from draftheads.interop.dflash_layout import check_shared_rows, dflash_tensors, dflash_to_engine, refuse_other_dspark
 from draftheads.interop.eagle_layout import engine_layer_config
@@ -103,29 +103,13 @@ def write_dspark(s: SavedDrafter):
     return tensors, dspark_config(s), "model.safetensors"
 
 
-def logit_change(saved: SavedDrafter) -> str | None:
-    """What the target's causal-LM class does to its logits after lm_head (core/target_family.logit_transform), which
-    our DSpark applies before adding its Markov bias and DeepSpec's and vLLM's DSpark do not: None if nothing."""
-    try:
-        config = text_config(saved.target_config())
-    except DraftheadsError:
-        return None   # no target config to read: export notes it (check_fits_target)
-    found = [f"{name} {getattr(config, name)}" for name in ("final_logit_softcapping", "logit_scale", "logits_scaling")
-             if getattr(config, name, None) not in (None, 1, 1.0)]
-    return ", ".join(found) or None
-
-
 def refusal(saved: SavedDrafter) -> str | None:
-    """DeepSpec drafts over the whole vocabulary, embeds with a plain table and adds the Markov bias to lm_head's
-    logits as they are."""
+    """DeepSpec drafts over the whole vocabulary and embeds with a plain table (the Markov bias on transformed logits:
+    export.refusal, for every engine)."""
     if saved.head.draft_vocab_size is not None:
         return (f"DeepSpec's Qwen3DSparkModel drafts over the target's whole vocabulary and this drafter among "
                 f"{saved.head.draft_vocab_size} tokens (head.draft_vocab_size); export it as 'vllm', whose dspark "
                 "method takes a draft vocabulary, or train with head.draft_vocab_size unset")
-    change = logit_change(saved)  # reads the target's config: after the check its own config answers
-    if change:
-        return (f"DeepSpec's Qwen3DSparkModel adds the Markov bias to the lm_head's logits as they are, and this "
-                f"{saved.family} target transforms its logits first ({change}), as this drafter was trained")
     scale = SCALED_EMBEDDING.get(saved.family)
     if scale:
         return (f"DeepSpec's Qwen3DSparkModel embeds the block with a plain copy of the embedding table, without the "

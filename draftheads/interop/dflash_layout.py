@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from draftheads.core.errors import DraftheadsError
-from draftheads.core.target_dims import target_dims
+from draftheads.core.target_dims import target_dims, text_config
 from draftheads.heads.parts import draft_vocab
 from draftheads.interop.eagle_layout import engine_layer_config
 from draftheads.interop.layout import Tensor
@@ -108,6 +108,19 @@ def check_shared_rows(lm_head: torch.Tensor, d2t: torch.Tensor, target) -> None:
     if not torch.allclose(lm_head.float(), rows.float(), atol=1e-2, rtol=1e-2):
         raise DraftheadsError("this DFlash folder's lm_head is not the target's rows for its draft vocabulary (an own "
                               "lm head, which draftheads' DFlash does not have); it cannot be loaded here")
+
+
+def logit_change(saved) -> str | None:
+    """What the target's causal-LM class does to its logits after lm_head (core/target_family.logit_transform), which
+    our DSpark applies before adding its Markov bias and no engine's DSpark does (DeepSpec, vLLM, speculators 0.9.0
+    `DSparkDraftModel.forward`, llama.cpp `src/models/dflash.cpp` `build_dspark_markov_head`): None if nothing."""
+    try:
+        config = text_config(saved.target_config())
+    except DraftheadsError:
+        return None   # no target config to read: export notes it (check_fits_target)
+    found = [f"{name} {getattr(config, name)}" for name in ("final_logit_softcapping", "logit_scale", "logits_scaling")
+             if getattr(config, name, None) not in (None, 1, 1.0)]
+    return ", ".join(found) or None
 
 
 def refuse_other_dspark(config: dict, rank: int, folder: str) -> None:

@@ -32,6 +32,7 @@ from draftheads.core.run_folder import BEST, DATA_MARKER, DRAFTER, FINAL, incomp
 from draftheads.core.writable import check_writable
 from draftheads.interop import (assistant_folder, deepseek_mtp, deepspec, llama_cpp_block, sglang, shipped_mtp,
                                 speculators, tgi, vllm)
+from draftheads.interop.dflash_layout import logit_change
 from draftheads.interop.export_config import ExportConfig
 from draftheads.interop.hub_upload import check_can_push, push_folder
 from draftheads.interop.layout import LABELS, Layout
@@ -193,6 +194,10 @@ def previous_export(folder: Path) -> str | None:
 # ---- which formats a drafter may go to --------------------------------------------------------
 
 
+# the formats with a DSpark layout: each adds the Markov bias to raw logits (dflash_layout.logit_change)
+DSPARK_ENGINES = {"vllm": "vLLM", "speculators": "speculators", "deepspec": "DeepSpec", "llama.cpp": "llama.cpp"}
+
+
 def find_layout(fmt: str, kind: str) -> Layout | None:
     return next((layout for layout in ENGINES[fmt].LAYOUTS if layout.kind == kind), None)
 
@@ -225,6 +230,12 @@ def refusal(saved: SavedDrafter, fmt: str) -> str | None:
         # the engine fails at start-up: its model class for this target hands out no hidden states at chosen layers
         return (f"{layout.engine} reads the target's hidden states at chosen layers, which its model class for a "
                 f"{saved.family or 'unknown'} target does not give (it gives them for {', '.join(layout.targets)})")
+    change = logit_change(saved) if kind == "dspark" and saved.head.markov_rank else None
+    if change:
+        return (f"{DSPARK_ENGINES[fmt]} adds DSpark's Markov bias to lm_head's logits as they are, and this "
+                f" {saved.family} target transforms its logits first ({change}), as this drafter was trained; "
+                "serve it in draftheads' loop (native), or train it with head.markov_rank: 0 and "
+                "head.confidence_with_markov: false")
     reason = ENGINES[fmt].refusal(saved)  # what this engine's loader cannot hold
     if reason is None and kind not in ENGINES[fmt].WRITERS:
         return f"writing {kind} heads for {layout.engine} is not implemented"

@@ -25,7 +25,7 @@ from draftheads.heads.parts import draft_vocab
 from draftheads.interop.dflash_layout import ARCHITECTURE as DFLASH_ARCHITECTURE
 from draftheads.interop.dflash_layout import dflash_config, dflash_tensors, dflash_to_engine
 from draftheads.interop.deepspec import ARCHITECTURE as DSPARK_ARCHITECTURE
-from draftheads.interop.deepspec import MARKOV_AND_CONFIDENCE, dspark_config, logit_change
+from draftheads.interop.deepspec import MARKOV_AND_CONFIDENCE, dspark_config
 from draftheads.interop.eagle_layout import (
     eagle3_fields,
     eagle3_tensors,
@@ -398,10 +398,6 @@ def refusal(saved: SavedDrafter) -> str | None:
     """vLLM loads every layout listed here for the families and targets each lists, except DFlash and DSpark on
     targets whose embedding scale lies outside the embedding module they share."""
     scale = UNSCALED_SHARED_EMBEDDING.get(saved.family)
-    change = logit_change(saved) if saved.kind == "dspark" else None
-    if change:
-        return (f"vLLM's DSpark drafter adds the Markov bias to the lm_head's logits as they are, and this "
-                f"{saved.family} target transforms its logits first ({change}), as this drafter was trained")
     if saved.kind in ("dflash", "dspark") and scale:
         return (f"vLLM's {LABELS[saved.kind]} drafter embeds its block with the {saved.family} target's embedding "
                 f"table alone, without the {scale} the target's model applies and this drafter was trained with")

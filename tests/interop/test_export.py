@@ -706,6 +706,29 @@ def test_a_peagle_with_a_markov_head_exports_only_natively(targets, tmp_path):
     torch.testing.assert_close(back.markov_head.markov_w1.weight, drafter.markov_head.markov_w1.weight)
 
 
+@pytest.mark.parametrize("rank", [8, 0])
+def test_dspark_on_a_target_that_transforms_its_logits_exports_only_natively(rank, tokenizer, tmp_path):
+    """Every engine's DSpark adds the Markov bias to lm_head's raw logits; ours to the target's (here Granite's
+    logits / logits_scaling), so the argmax of a slot differs. Without a Markov head the argmax is the same."""
+    from draftheads.interop.export import DSPARK_ENGINES, refusal
+    from draftheads.interop.native import SavedDrafter
+    from tests.families import family_target
+
+    target = family_target("granite", tokenizer)
+    target.save_pretrained(tmp_path / "target")
+    target.config._name_or_path = str(tmp_path / "target")
+    drafter = build_drafter("dspark", target, block_size=3, num_layers=1, markov_rank=rank,
+                           confidence_with_markov=bool(rank))
+    native = save_drafter(drafter, tmp_path / "native", target=target)
+    saved = SavedDrafter.read(native)
+    for fmt in DSPARK_ENGINES:
+        reason = refusal(saved, fmt) or ""
+        assert ("logits_scaling 4.0" in reason) == bool(rank), (fmt, reason)
+    if rank:
+        with pytest.raises(DraftheadsError, match="speculators adds DSpark's Markov bias.*formats for it: native$"):
+            export_drafter(native, "speculators", tmp_path / "speculators")
+
+
 def tiny_deepseek_v3(vocab):
     from transformers import AutoConfig, AutoModelForCausalLM
 
