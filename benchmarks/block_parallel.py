@@ -6,10 +6,12 @@ sizes.
     .venv/bin/python -m benchmarks.block_parallel --data data/smollm2-self --minutes 35 --blocks 8
     .venv/bin/python -m benchmarks.block_parallel --prompts tasks --limit 16 --tree auto
     .venv/bin/python -m benchmarks.block_parallel --drafters eagle3,dflash --blocks 4 --runs runs/at-35 ...
+    .venv/bin/python -m benchmarks.block_parallel --data data/smollm2-self --recipe eagle3-smollm2 --minutes 35 \
+        --eagle3-run runs/choices35/depth-fastmtp+init-target      # training_choices' run of the same drafter
 
 Trains (or resumes, when a run folder holds a finished run of the same settings) one EAGLE-3 drafter (the
-eagle3-smollm2 head), one P-EAGLE drafter (the peagle-smollm2 head), one DFlash drafter per block size (the dflash-
-smollm2 head), one DSpark drafter (the dspark-smollm2 head) and, as `dspark-r0`, the same without its Markov head
+eagle3-smollm2 head and depth weights, or the finished run --eagle3-run names), one P-EAGLE drafter (the
+peagle-smollm2 head), one DFlash drafter per block size (the dflash-smollm2 head), one DSpark drafter (the dspark-smollm2 head) and, as `dspark-r0`, the same without its Markov head
 (rank 0: what the Markov head adds, every other choice equal), and as `peagle-markov` P-EAGLE with DSpark's Markov
 head (head.markov_rank at DSpark's rank) on the same target-generated data folder, each for the
 same CPU minutes at a constant learning rate after warm-up, then evaluates all of them in one `draftheads eval` run
@@ -33,7 +35,7 @@ import json
 import shutil
 from pathlib import Path
 
-from benchmarks.cpu_training import EAGLE3_RUN, train_for_minutes
+from benchmarks.cpu_training import EAGLE3_RUN, recipe_drafter, train_for_minutes
 from draftheads.core.run_folder import DRAFTER
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
@@ -60,16 +62,21 @@ def main() -> None:
     parser.add_argument("--drafters", default="eagle3,peagle,dflash", help="which to train and evaluate")
     parser.add_argument("--use", choices=("best", "final"), default="best",
                         help="each run's best/ drafter (highest held-out simulated acceptance) or its last step's")
+    parser.add_argument("--eagle3-run", default=None,
+                        help="a finished run folder of the eagle3-smollm2 drafter on the same data and minutes, "
+                             "evaluated instead of training one (training_choices' depth-fastmtp+init-target run)")
     args = parser.parse_args()
+    if args.eagle3_run and not (Path(args.eagle3_run) / "final" / DRAFTER).is_dir():
+        raise SystemExit(f"--eagle3-run {args.eagle3_run}: no finished run there (final/{DRAFTER} is missing)")
     data = {**recipe_section(args.recipe, "data"), "output": args.data}
     runs = Path(args.runs)
     wanted = args.drafters.split(",")
     kinds = ("eagle3", "peagle", "peagle-markov", "dflash", "dspark", "dspark-r0")
     if set(wanted) - set(kinds):
         raise SystemExit(f"--drafters {args.drafters}: choose from {', '.join(kinds)}")
-    heads = {}
-    if "eagle3" in wanted:
-        heads[EAGLE3_RUN] = recipe_section("eagle3-smollm2", "head")
+    heads, train = {}, {}
+    if "eagle3" in wanted and not args.eagle3_run:
+        heads[EAGLE3_RUN], train[EAGLE3_RUN] = recipe_drafter("eagle3-smollm2")
     if "peagle" in wanted:
         heads["peagle"] = recipe_section("peagle-smollm2", "head")
     if "peagle-markov" in wanted:   # DSpark's fix on P-EAGLE's slots, at DSpark's rank
@@ -83,7 +90,10 @@ def main() -> None:
     if "dspark-r0" in wanted:
         heads["dspark-r0"] = {**recipe_section("dspark-smollm2", "head"), "markov_rank": 0,
                               "confidence_with_markov": False}
-    trained = [train_for_minutes(name, head, data, args.minutes, runs) for name, head in heads.items()]
+    trained = [train_for_minutes(name, head, data, args.minutes, runs, train=train.get(name))
+               for name, head in heads.items()]
+    if "eagle3" in wanted and args.eagle3_run:
+        trained.insert(0, Path(args.eagle3_run))
     print_depth_accuracy(trained)
     folders = [run / args.use / DRAFTER if (run / args.use / DRAFTER).is_dir() else run for run in trained]
     folders = [str(f) for f in folders] + [str(scheduled_copy(f)) for f in folders if head_kind(f) == "dspark"]

@@ -8,12 +8,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from draftheads.recipe import recipe_from_dict
+from draftheads.recipe import load_recipe, recipe_from_dict
 from draftheads.training.loop import run_training
 
 # The eagle3-smollm2 head's run folder in every benchmark: benchmarks given the same runs folder train it once
 EAGLE3_RUN = "eagle3-draftheads"
 MAX_STEPS = 1_000_000   # never reached: the minutes end every run
+# the train settings of a recipe that choose what the drafter learns (the rest is this CPU shape)
+LEARNING_CHOICES = ("loss", "depth_weights")
+
+
+def recipe_drafter(recipe: str = "eagle3-smollm2") -> tuple[dict, dict]:
+    """(head section, train settings) of a bundled recipe's drafter: its head, and those of its train settings that
+    change what is learned (train.loss, train.depth_weights), so a benchmark trains the drafter the recipe trains."""
+    sections = load_recipe(recipe).to_dict()
+    train = {key: sections["train"][key] for key in LEARNING_CHOICES if sections["train"].get(key) is not None}
+    return sections["head"], train
 
 
 def train_for_minutes(name: str, head: dict, data: dict, minutes: float, runs: Path, *, target: str = "smollm2-135m",

@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from benchmarks.cpu_training import EAGLE3_RUN, train_for_minutes
+from benchmarks.cpu_training import EAGLE3_RUN, recipe_drafter, train_for_minutes
 from benchmarks.speculators_data import write_speculators_data
 from draftheads.core.run_folder import FINAL, RECIPE_FILE, list_checkpoints
 from draftheads.core.targets import locate_target
@@ -83,9 +83,9 @@ def arguments() -> argparse.Namespace:
 
 def train_ours(args, out: Path) -> dict:
     """Our EAGLE-3 for --minutes; its final/metrics.json (steps, train_seconds, train_tokens_per_s)."""
-    head = load_recipe("eagle3-smollm2").to_dict()["head"]
+    head, train = recipe_drafter("eagle3-smollm2")
     data = {**load_recipe(args.recipe).to_dict()["data"], "output": args.data}
-    run = out / OURS if args.skip_train else train_for_minutes(OURS, head, data, args.minutes, out)
+    run = out / OURS if args.skip_train else train_for_minutes(OURS, head, data, args.minutes, out, train=train)
     metrics = json.loads((run / FINAL / "metrics.json").read_text())
     return {"trainer": "draftheads", "drafter": str(run), "steps": metrics["steps"],
             "minutes": metrics["train_seconds"] / 60, "train_tokens_per_s": metrics["train_tokens_per_s"]}
