@@ -14,7 +14,8 @@ eagle3-smollm2 head and depth weights, or the finished run --eagle3-run names), 
 peagle-smollm2 head), one DFlash drafter per block size (the dflash-smollm2 head), one DSpark drafter (the
 dspark-smollm2 head) and, as `dspark-r0`, the same without its Markov head (rank 0: what the Markov head adds, every
 other choice equal), and as `peagle-markov` P-EAGLE with DSpark's Markov head (head.markov_rank at DSpark's rank) on
-the same target-generated data folder, each for the same CPU minutes at a constant learning rate after warm-up, then evaluates all of them in one `draftheads eval` run
+the same target-generated data folder, each for the same CPU minutes at a constant learning rate after warm-up,
+then evaluates all of them in one `draftheads eval` run
 (timings interleaved: each prompt is decoded by every configuration before the next prompt), beside prompt lookup
 and each learned drafter combined with it. Each drafter is its run's best/ one (the step whose held-out simulated
 acceptance was highest, as a user would serve it; `--use final` takes the last step's): on small data the one-
