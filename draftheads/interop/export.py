@@ -194,10 +194,6 @@ def previous_export(folder: Path) -> str | None:
 # ---- which formats a drafter may go to --------------------------------------------------------
 
 
-# the formats with a DSpark layout: each adds the Markov bias to raw logits (dflash_layout.logit_change)
-DSPARK_ENGINES = {"vllm": "vLLM", "speculators": "speculators", "deepspec": "DeepSpec", "llama.cpp": "llama.cpp"}
-
-
 def find_layout(fmt: str, kind: str) -> Layout | None:
     return next((layout for layout in ENGINES[fmt].LAYOUTS if layout.kind == kind), None)
 
@@ -232,8 +228,9 @@ def refusal(saved: SavedDrafter, fmt: str) -> str | None:
                 f"{saved.family or 'unknown'} target does not give (it gives them for {', '.join(layout.targets)})")
     change = logit_change(saved) if kind == "dspark" and saved.head.markov_rank else None
     if change:
-        return (f"{DSPARK_ENGINES[fmt]} adds DSpark's Markov bias to lm_head's logits as they are, and this "
-                f" {saved.family} target transforms its logits first ({change}), as this drafter was trained; "
+        # every engine with a DSpark layout adds the bias to raw logits (dflash_layout.logit_change)
+        return (f"{layout.engine} adds DSpark's Markov bias to lm_head's logits as they are, and this "
+                f"{saved.family} target transforms its logits first ({change}), as this drafter was trained; "
                 "serve it in draftheads' loop (native), or train it with head.markov_rank: 0 and "
                 "head.confidence_with_markov: false")
     reason = ENGINES[fmt].refusal(saved)  # what this engine's loader cannot hold

@@ -710,7 +710,7 @@ def test_a_peagle_with_a_markov_head_exports_only_natively(targets, tmp_path):
 def test_dspark_on_a_target_that_transforms_its_logits_exports_only_natively(rank, tokenizer, tmp_path):
     """Every engine's DSpark adds the Markov bias to lm_head's raw logits; ours to the target's (here Granite's
     logits / logits_scaling), so the argmax of a slot differs. Without a Markov head the argmax is the same."""
-    from draftheads.interop.export import DSPARK_ENGINES, refusal
+    from draftheads.interop.export import FORMATS, find_layout, refusal
     from draftheads.interop.native import SavedDrafter
     from tests.families import family_target
 
@@ -721,11 +721,15 @@ def test_dspark_on_a_target_that_transforms_its_logits_exports_only_natively(ran
                            confidence_with_markov=bool(rank))
     native = save_drafter(drafter, tmp_path / "native", target=target)
     saved = SavedDrafter.read(native)
-    for fmt in DSPARK_ENGINES:
+    engines = [fmt for fmt in FORMATS if fmt != "native" and find_layout(fmt, "dspark")]
+    assert len(engines) == 4, engines   # DeepSpec, vLLM, speculators, llama.cpp
+    for fmt in engines:
         reason = refusal(saved, fmt) or ""
+        assert "this  " not in reason, reason
         assert ("logits_scaling 4.0" in reason) == bool(rank), (fmt, reason)
     if rank:
-        with pytest.raises(DraftheadsError, match="speculators adds DSpark's Markov bias.*formats for it: native$"):
+        line = r"speculators 0.9.0 \(DSparkDraftModel\) adds DSpark's Markov bias.*this granite target.*for it: native$"
+        with pytest.raises(DraftheadsError, match=line):
             export_drafter(native, "speculators", tmp_path / "speculators")
 
 
