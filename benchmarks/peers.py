@@ -51,7 +51,7 @@ from benchmarks.cpu_training import EAGLE3_RUN, recipe_drafter, train_for_minute
 from benchmarks.speculators_data import write_speculators_data
 from draftheads.core.run_folder import FINAL, RECIPE_FILE, list_checkpoints
 from draftheads.core.targets import locate_target
-from draftheads.data.datastore import load_rows
+from draftheads.data.datastore import load_rows, prompt_groups
 from draftheads.data.target import load_target
 from draftheads.evaluation.eval_config import EvalConfig
 from draftheads.evaluation.evaluate import run_eval
@@ -100,7 +100,7 @@ def export_rows(run: Path, data_dir: str, folder: Path) -> tuple[dict, float]:
     drafter = load_drafter(run, target)
     layers = list(drafter.feature_layers[:3])  # hidden_states indices (our feature_layers + 1), the last is -1
     rows = load_rows(data_dir)
-    train_idx, eval_idx = split_rows(len(rows), train["eval_fraction"], train["seed"])
+    train_idx, eval_idx = split_rows(len(rows), train["eval_fraction"], train["seed"], prompt_groups(rows))
     if folder.exists():
         shutil.rmtree(folder)
     print(f"peers: writing {len(rows)} rows with hidden_states {layers} + the last layer to {folder}", flush=True)

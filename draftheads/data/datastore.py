@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import datasets
+import numpy as np
 
 from draftheads.core.config import to_dict
 from draftheads.core.errors import DraftheadsError
@@ -32,6 +33,7 @@ from draftheads.core.state_files import read_json
 
 META = DATA_MARKER
 COLUMNS = ("input_ids", "loss_mask")   # what training and evaluation read of a row
+PROMPT_ID = "prompt_id"                 # which prompt a row answers: the hold-out keeps a prompt's rows together
 SHARDS = "shards"
 BASE = "base"
 # Settings that change no row: a run may resume with a different batch size or server address.
@@ -350,6 +352,13 @@ def check_finished(data_dir: str | Path) -> Path:
         raise DraftheadsError(f"'{path}' is unfinished: its `draftheads data` run stopped before the end; rerun "
                               "`draftheads data RECIPE` to finish it")
     return path
+
+
+def prompt_groups(rows) -> np.ndarray | None:
+    """[n] each row's prompt_id, or None for rows without the column (a folder written before it existed)."""
+    if PROMPT_ID not in rows.column_names:
+        return None
+    return np.asarray(rows.with_format("numpy", columns=[PROMPT_ID])[PROMPT_ID], dtype=np.int64)
 
 
 def load_rows(data_dir: str | Path):

@@ -57,16 +57,33 @@ def answered_rows(rows, max_length: int, setting: str, note, what: str = "rows")
     return kept
 
 
-def split_rows(n: int, eval_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def split_rows(n: int, eval_fraction: float, seed: int, groups: np.ndarray | None = None,
+               ) -> tuple[np.ndarray, np.ndarray]:
     """(train indices, eval indices): a seeded random hold-out of round(n * eval_fraction) rows, at least 1 if asked
-    for."""
+    for. With `groups` (each row's prompt_id), rows of one prompt stay on one side: a prompt answered twice
+    (data.samples_per_prompt) or re-rendered turn by turn shares most of its tokens between its rows, so one of them
+    held out beside a trained sibling would measure recall, not drafting. Whole prompts are held out, in the order
+    their first row comes in the same permutation, until the hold-out has its row count; with one row per prompt
+    that is exactly the split without groups."""
     order = np.random.default_rng(seed).permutation(n)
     n_eval = int(round(n * eval_fraction))
     if eval_fraction > 0:
         n_eval = min(max(n_eval, 1), n - 1)
     if n - n_eval < 1:
         raise DraftheadsError(f"the dataset has {n} row(s): too few to train on; generate more data")
-    return np.sort(order[n_eval:]), np.sort(order[:n_eval])
+    if groups is None or n_eval == 0:
+        return np.sort(order[n_eval:]), np.sort(order[:n_eval])
+    in_order = groups[order]
+    _, first = np.unique(in_order, return_index=True)
+    prompts = in_order[np.sort(first)]  # prompts by their first row's place in the permutation
+    ids, rows_per_prompt = np.unique(groups, return_counts=True)
+    rows_held = np.cumsum(rows_per_prompt[np.searchsorted(ids, prompts)])  # after holding out prompts[:i + 1]
+    held_prompts = prompts[: int(np.searchsorted(rows_held, n_eval)) + 1]
+    held = np.isin(groups, held_prompts)
+    if held.all():
+        raise DraftheadsError(f"the dataset has {n} rows from {len(prompts)} prompt(s): too few to hold whole prompts "
+                              "out and train on the rest; generate more data.num_prompts or set train.eval_fraction=0")
+    return np.flatnonzero(~held), np.flatnonzero(held)
 
 
 def epoch_batches(indices: np.ndarray, lengths: np.ndarray, batch_size: int, seed: int, epoch: int,

@@ -22,7 +22,7 @@ from draftheads.core.drafter import TrainableDrafter
 from draftheads.core.errors import DraftheadsError
 from draftheads.core.run_folder import COMPLETE, incomplete_checkpoints
 from draftheads.core.writable import check_writable
-from draftheads.data.datastore import COLUMNS, check_mode, load_rows, read_meta
+from draftheads.data.datastore import COLUMNS, PROMPT_ID, check_mode, load_rows, prompt_groups, read_meta
 from draftheads.data.hardware import check_cpu_launch, resolve_device, resolve_dtype
 from draftheads.data.target import load_target, load_target_config
 from draftheads.heads.factory import bound_drafter, drafter_class, new_drafter
@@ -207,7 +207,9 @@ def training_rows(recipe):
                                   f"'{recipe.data_dir}' by {first}; train on data of one target, or drop '{folder}'")
 
     # plain format to concatenate, then the numpy view load_rows gives; the old rows keep their places (and shards)
-    rows = concatenate_datasets([part.with_format(None).select_columns(list(COLUMNS)) for part in parts])
+    # prompt_id too, where every folder has it: a folder of the same prompts answered again is grouped with them
+    kept = [*COLUMNS, PROMPT_ID] if all(PROMPT_ID in part.column_names for part in parts) else list(COLUMNS)
+    rows = concatenate_datasets([part.with_format(None).select_columns(kept) for part in parts])
     return rows.with_format("numpy", columns=list(COLUMNS))
 
 
@@ -217,7 +219,8 @@ def split_answered(recipe, rows, accelerator) -> tuple[np.ndarray, np.ndarray]:
     refused in one line when no row is left."""
     cfg = recipe.train
     kept = B.answered_rows(rows, cfg.max_length, "train.max_length", accelerator.print, "training rows")
-    train, held = B.split_rows(len(kept), cfg.eval_fraction, cfg.seed)
+    groups = prompt_groups(rows)
+    train, held = B.split_rows(len(kept), cfg.eval_fraction, cfg.seed, None if groups is None else groups[kept])
     return kept[train], kept[held]  # every row kept: the split of all rows, as before
 
 

@@ -54,3 +54,14 @@ def test_with_every_row_answered_the_split_is_that_of_all_rows(data_dir, tmp_pat
     expected = B.split_rows(len(rows), recipe.train.eval_fraction, recipe.train.seed)
     assert np.array_equal(train, expected[0]) and np.array_equal(held, expected[1])
     assert capsys.readouterr().out == ""  # no note
+
+
+def test_rows_of_one_prompt_are_held_out_together(tmp_path):
+    """split_answered reads each row's prompt_id: a prompt answered twice is trained on or held out, never both."""
+    rows = datasets.Dataset.from_dict({
+        "input_ids": [[5, 6, 7, 8]] * 40, "loss_mask": [[0, 1, 1, 1]] * 40, "prompt_id": [i // 2 for i in range(40)],
+    }).with_format("numpy", columns=["input_ids", "loss_mask"])
+    recipe = SimpleNamespace(train=SimpleNamespace(max_length=8, eval_fraction=0.1, seed=0))
+    train, held = split_answered(recipe, rows, SimpleNamespace(print=print))
+    prompts = np.array(rows.with_format(None)["prompt_id"])
+    assert len(held) == 4 and not set(prompts[train]) & set(prompts[held]) and len(train) + len(held) == 40

@@ -109,6 +109,19 @@ def test_eval_split_is_seeded_disjoint_and_never_empty():
     assert len(B.split_rows(10, 0.0, seed=0)[1]) == 0
 
 
+def test_eval_split_holds_out_whole_prompts():
+    """Two answers per prompt (data.samples_per_prompt 2): a held-out row's sibling is never trained on. One row per
+    prompt gives the split without groups, so runs on such data resume with the hold-out they started with."""
+    prompts = np.repeat(np.arange(50), 2)
+    train, held = B.split_rows(100, 0.05, seed=3, groups=prompts)
+    assert not set(prompts[train]) & set(prompts[held]) and len(train) + len(held) == 100
+    assert len(held) == 6 and (np.bincount(prompts[held]) % 2 == 0).all()  # 5 rows asked for: 3 whole prompts
+    unique = np.arange(100)[::-1].copy()
+    assert all(np.array_equal(a, b) for a, b in zip(B.split_rows(100, 0.05, 3, unique), B.split_rows(100, 0.05, 3)))
+    with pytest.raises(DraftheadsError, match="2 rows from 1 prompt.*too few to hold whole prompts out"):
+        B.split_rows(2, 0.5, seed=0, groups=np.zeros(2, dtype=np.int64))
+
+
 def test_time_budget_stops_cleanly_and_says_so(tmp_path, data_dir, llama_target, capsys):
     recipe = tiny_recipe(data_dir, tmp_path / "run", max_steps=50, time_budget_minutes=1e-6)
     run_dir = run_training(recipe, target=llama_target)
