@@ -8,6 +8,7 @@ sizes.
     .venv/bin/python -m benchmarks.block_parallel --drafters eagle3,dflash --blocks 4 --runs runs/at-35 ...
     .venv/bin/python -m benchmarks.block_parallel --data data/smollm2-self --recipe eagle3-smollm2 --minutes 35 \
         --eagle3-run runs/choices35/depth-fastmtp+init-target      # training_choices' run of the same drafter
+    .venv/bin/python -m benchmarks.block_parallel --drafters dspark --train-only ...   # one run now, evaluate later
 
 Trains (or resumes, when a run folder holds a finished run of the same settings) one EAGLE-3 drafter (the
 eagle3-smollm2 head and depth weights, or the finished run --eagle3-run names), one P-EAGLE drafter (the
@@ -66,6 +67,8 @@ def main() -> None:
     parser.add_argument("--eagle3-run", default=None,
                         help="a finished run folder of the eagle3-smollm2 drafter on the same data and minutes, "
                              "evaluated instead of training one (training_choices' depth-fastmtp+init-target run)")
+    parser.add_argument("--train-only", action="store_true",
+                        help="train (or resume) the runs and stop: evaluate them later, every drafter in one run")
     args = parser.parse_args()
     if args.eagle3_run and not (Path(args.eagle3_run) / "final" / DRAFTER).is_dir():
         raise SystemExit(f"--eagle3-run {args.eagle3_run}: no finished run there (final/{DRAFTER} is missing)")
@@ -93,6 +96,8 @@ def main() -> None:
                               "confidence_with_markov": False}
     trained = [train_for_minutes(name, head, data, args.minutes, runs, train=train.get(name))
                for name, head in heads.items()]
+    if args.train_only:
+        return
     if "eagle3" in wanted and args.eagle3_run:
         trained.insert(0, Path(args.eagle3_run))
     print_depth_accuracy(trained)
